@@ -1,0 +1,47 @@
+# One-command set-up: `make lab` to learn, `make test` to check everything.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+JUPYTER := $(VENV)/bin/jupyter
+INSTALLED := $(VENV)/.installed
+NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb notebooks/practice/*.ipynb))
+NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
+LAB_ARGS ?=
+
+.PHONY: install lab test execute bench data slides clean
+
+install: $(INSTALLED)
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# Reinstalls only when requirements.txt or pyproject.toml change, so a second run is instant.
+$(INSTALLED): requirements.txt pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -e .
+	touch $@
+
+lab: $(INSTALLED)
+	$(JUPYTER) lab --notebook-dir=notebooks $(LAB_ARGS)
+
+test: $(INSTALLED)
+	$(PY) -m pytest $(NBVAL) tests notebooks
+
+# The only way stored outputs are written: run each notebook top to bottom in the venv.
+execute: $(INSTALLED)
+	@for nb in $(or $(NB),$(NOTEBOOKS)); do \
+	  echo "executing $$nb"; \
+	  $(JUPYTER) nbconvert --to notebook --execute --inplace --log-level=WARN \
+	    --ExecutePreprocessor.timeout=600 --ExecutePreprocessor.record_timing=False "$$nb" || exit 1; \
+	done
+
+bench: $(INSTALLED)
+	$(PY) tests/bench.py $(NOTEBOOKS)
+
+data: $(INSTALLED)
+	$(PY) data/make_data.py
+
+clean:
+	rm -rf build .pytest_cache

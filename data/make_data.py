@@ -1,0 +1,180 @@
+"""Make every file in data/: the paraphrase data set, its tokenizer, the model configurations.
+
+Run from the repository root:  python data/make_data.py
+The output is deterministic: running it again rewrites the same bytes.
+"""
+import argparse
+import json
+import random
+from pathlib import Path
+
+DATA_DIR = Path(__file__).resolve().parent
+SEED = 2016  # the year of Chen et al.'s checkpointing paper; any fixed value works
+SPLIT_SIZES = {"train": 4000, "validation": 400, "test": 400}
+TOKENIZER_VOCAB_SIZE = 1000
+
+# The words a sentence is built from. Each verb has synonyms so that a paraphrase
+# can say the same thing with other words.
+NAMES = ["Alice", "Bruno", "Chen", "Dara", "Elena", "Farid", "Grace", "Hugo", "Ines", "Jonas",
+         "Kemal", "Lena", "Marta", "Nikhil", "Olga", "Pavel", "Quinn", "Rosa", "Samir", "Tara",
+         "Umar", "Vera", "Wei", "Yara"]
+VERBS = [("bought", ["purchased", "picked up"]), ("sold", ["got rid of", "traded away"]),
+         ("repaired", ["fixed", "mended"]), ("painted", ["coloured", "decorated"]),
+         ("ordered", ["requested", "booked"]), ("found", ["discovered", "came across"]),
+         ("lost", ["misplaced", "mislaid"]), ("delivered", ["dropped off", "brought over"])]
+THINGS = ["bicycles", "lamps", "chairs", "tables", "boxes", "books", "kettles", "clocks",
+          "radios", "guitars", "maps", "tents", "jackets", "mirrors", "baskets", "drums"]
+PLACES = ["Lisbon", "Oslo", "Cairo", "Lima", "Delhi", "Quito", "Seoul", "Dakar", "Porto",
+          "Hanoi", "Tunis", "Bergen", "Kyoto", "Accra", "Riga", "Perth"]
+COUNTS = ["two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "twelve"]
+
+# How a first sentence says it, and the ways a second sentence can say it again.
+FIRST_TEMPLATE = "{name} {verb} {count} {thing} in {place}."
+PARAPHRASE_TEMPLATES = [
+    "In {place}, {name} {verb} {count} {thing}.",
+    "{count} {thing} were {verb} by {name} in {place}.",
+    "It was in {place} that {name} {verb} {count} {thing}.",
+]
+
+
+def random_facts(rng):
+    """One event: who did what to how many of which things, where and when."""
+    return {"name": rng.choice(NAMES), "verb": rng.randrange(len(VERBS)),
+            "thing": rng.choice(THINGS), "place": rng.choice(PLACES),
+            "count": rng.choice(COUNTS)}
+
+
+def change_one_detail(facts, rng):
+    """The same event with exactly one detail different (a hard negative)."""
+    changed = dict(facts)
+    slot = rng.choice(["name", "verb", "thing", "place", "count"])
+    choices = {"name": NAMES, "verb": range(len(VERBS)), "thing": THINGS,
+               "place": PLACES, "count": COUNTS}[slot]
+    changed[slot] = rng.choice([value for value in choices if value != facts[slot]])
+    return changed
+
+
+def first_sentence(facts):
+    return FIRST_TEMPLATE.format(**{**facts, "verb": VERBS[facts["verb"]][0]})
+
+
+def paraphrase(facts, rng):
+    verb = rng.choice(VERBS[facts["verb"]][1])
+    sentence = rng.choice(PARAPHRASE_TEMPLATES).format(**{**facts, "verb": verb})
+    return sentence[0].upper() + sentence[1:]
+
+
+def make_pair(rng, label, negative_kind):
+    """A sentence pair: label 1 means the second sentence says the same as the first."""
+    facts = random_facts(rng)
+    if label == 1:
+        other = facts
+    elif negative_kind == "unrelated":
+        other = random_facts(rng)
+        while other == facts:
+            other = random_facts(rng)
+    else:
+        other = change_one_detail(facts, rng)
+    return {"sentence1": first_sentence(facts), "sentence2": paraphrase(other, rng), "label": label}
+
+
+def make_split(rng, size, start_idx):
+    """Half paraphrases; of the negatives, two in three unrelated, one in three with one detail changed."""
+    labels = [1] * (size // 2) + [0] * (size - size // 2)
+    rng.shuffle(labels)
+    rows, negatives = [], 0
+    for offset, label in enumerate(labels):
+        kind = None
+        if label == 0:
+            kind = "one_detail" if negatives % 3 == 2 else "unrelated"
+            negatives += 1
+        rows.append({"idx": start_idx + offset, **make_pair(rng, label, kind)})
+    return rows
+
+
+def write_splits(out_dir):
+    rng = random.Random(SEED)
+    paraphrase_dir = out_dir / "paraphrase"
+    paraphrase_dir.mkdir(parents=True, exist_ok=True)
+    start = 0
+    for split, size in SPLIT_SIZES.items():
+        rows = make_split(rng, size, start)
+        start += size
+        with open(paraphrase_dir / f"{split}.jsonl", "w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+    return paraphrase_dir
+
+
+def train_tokenizer(paraphrase_dir, out_dir):
+    """A cased WordPiece tokenizer, BERT-style, trained on the train split only."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    rows = [json.loads(line) for line in open(paraphrase_dir / "train.jsonl", encoding="utf-8")]
+    texts = [row[key] for row in rows for key in ("sentence1", "sentence2")]
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=False)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(vocab_size=TOKENIZER_VOCAB_SIZE, special_tokens=specials,
+                                        show_progress=False)
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    # The trainer breaks ties between equally frequent merges in hash order, so the
+    # intermediate word pieces (and all ids) change from run to run. Keep what is stable,
+    # the characters and the whole words it learned, in a fixed order.
+    learned = tokenizer.get_vocab()
+    words = {word for text in texts for word, _ in tokenizer.pre_tokenizer.pre_tokenize_str(text)}
+    missing = sorted(words - learned.keys())
+    if missing:
+        raise RuntimeError(f"raise TOKENIZER_VOCAB_SIZE: these words got no token of their own: {missing}")
+    pieces = [t for t in learned if len(t) == 1 or (t.startswith("##") and len(t) == 3)]
+    vocab = specials + sorted(set(pieces) - set(specials)) + sorted(words - set(pieces))
+    tokenizer.model = models.WordPiece(vocab={t: i for i, t in enumerate(vocab)}, unk_token="[UNK]")
+    cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]",
+        cls_token="[CLS]", mask_token="[MASK]", model_max_length=128,
+        model_input_names=["input_ids", "attention_mask"])  # DistilBERT takes no token_type_ids
+    tokenizer_dir = out_dir / "tokenizer"
+    fast.save_pretrained(tokenizer_dir)
+    return fast
+
+
+def write_model_configs(out_dir, vocab_size):
+    """The real distilbert-base-cased architecture, and a tiny one with the same code path."""
+    common = {"model_type": "distilbert", "architectures": ["DistilBertForSequenceClassification"],
+              "activation": "gelu", "dropout": 0.1, "attention_dropout": 0.1, "qa_dropout": 0.1,
+              "seq_classif_dropout": 0.2, "initializer_range": 0.02, "pad_token_id": 0,
+              "sinusoidal_pos_embds": False, "tie_weights_": True}
+    configs = {
+        "distilbert-base-cased": {**common, "vocab_size": 28996, "dim": 768, "n_layers": 6,
+                                  "n_heads": 12, "hidden_dim": 3072, "max_position_embeddings": 512},
+        "distilbert-tiny": {**common, "vocab_size": vocab_size, "dim": 64, "n_layers": 2,
+                            "n_heads": 2, "hidden_dim": 256, "max_position_embeddings": 128,
+                            "dropout": 0.0, "attention_dropout": 0.0, "seq_classif_dropout": 0.0,
+                            # a wider initialisation lets this model, trained from scratch, learn in seconds
+                            "initializer_range": 0.1},
+    }
+    for name, config in configs.items():
+        folder = out_dir / "models" / name
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def main(out_dir=DATA_DIR):
+    out_dir = Path(out_dir)
+    paraphrase_dir = write_splits(out_dir)
+    tokenizer = train_tokenizer(paraphrase_dir, out_dir)
+    write_model_configs(out_dir, vocab_size=len(tokenizer))
+    print(f"wrote the data set, tokenizer and model configurations under {out_dir}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=DATA_DIR, help="folder to write into (default: data/)")
+    main(parser.parse_args().out)

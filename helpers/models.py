@@ -1,0 +1,77 @@
+"""DistilBERT built offline from the configurations in data/models (introduced in 00_start_here)."""
+import socket
+from pathlib import Path
+from urllib.parse import urlparse
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+MODEL_CONFIG_DIRS = {
+    "tiny": REPO_ROOT / "data" / "models" / "distilbert-tiny",  # same code path, trains in seconds
+    "base": REPO_ROOT / "data" / "models" / "distilbert-base-cased",  # the slides' model
+}
+PRETRAINED_NAME = "distilbert-base-cased"  # the Hub name, used only when a learner opts in
+
+
+def model_config(size="tiny", num_labels=2):
+    """The DistilBERT configuration for ``size`` ('tiny' or 'base'), read from data/models."""
+    from transformers import AutoConfig
+
+    if size not in MODEL_CONFIG_DIRS:
+        raise ValueError(f"unknown model size {size!r}; valid sizes are: {', '.join(MODEL_CONFIG_DIRS)}")
+    folder = MODEL_CONFIG_DIRS[size]
+    if not (folder / "config.json").exists():
+        raise FileNotFoundError(
+            f"data/models/{folder.name}/config.json is missing; regenerate it with: python data/make_data.py")
+    return AutoConfig.from_pretrained(folder, num_labels=num_labels)
+
+
+def build_model(size="tiny", num_labels=2, seed=0, pretrained=False, cache_dir=None):
+    """DistilBERT for sequence classification, randomly initialised with ``seed``; no download.
+
+    ``pretrained=True`` (base size only) loads the real weights with ``from_pretrained``
+    from the local cache or the Hub, and fails fast with a clear message when neither is there.
+    """
+    from transformers import AutoModelForSequenceClassification
+
+    config = model_config(size, num_labels)
+    if pretrained:
+        return _load_pretrained(size, num_labels, cache_dir)
+    torch.manual_seed(seed)
+    return AutoModelForSequenceClassification.from_config(config)
+
+
+def count_parameters(model):
+    """(number of parameters, number of parameter tensors) of ``model``."""
+    parameters = list(model.parameters())
+    return sum(p.numel() for p in parameters), len(parameters)
+
+
+def _hub_reachable(timeout_s=3.0):
+    from huggingface_hub import constants
+
+    host = urlparse(constants.ENDPOINT).hostname
+    try:
+        socket.create_connection((host, 443), timeout=timeout_s).close()
+        return True
+    except OSError:
+        return False
+
+
+def _load_pretrained(size, num_labels, cache_dir):
+    from transformers import AutoModelForSequenceClassification
+
+    if size != "base":
+        raise ValueError(f"pretrained weights exist only for size 'base' ({PRETRAINED_NAME}), not {size!r}")
+    try:  # the cache first: no network at all
+        return AutoModelForSequenceClassification.from_pretrained(
+            PRETRAINED_NAME, num_labels=num_labels, cache_dir=cache_dir, local_files_only=True)
+    except OSError:
+        pass
+    if not _hub_reachable():
+        raise RuntimeError(
+            f"pretrained weights for {PRETRAINED_NAME} are not in the local cache and the Hub cannot be "
+            "reached. The course does not need them: call build_model(...) with pretrained=False (the "
+            "default), or connect once so that from_pretrained can cache them.")
+    return AutoModelForSequenceClassification.from_pretrained(
+        PRETRAINED_NAME, num_labels=num_labels, cache_dir=cache_dir)

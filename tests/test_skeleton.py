@@ -1,0 +1,123 @@
+"""The course foundation: offline model, offline data, tokenizer, determinism, clear errors."""
+import filecmp
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import data as course_data
+from helpers.device import NetworkBlockedError, get_device, no_network
+from helpers.models import MODEL_CONFIG_DIRS, build_model, count_parameters
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_full_size_distilbert_builds_offline_with_the_slides_parameter_count():
+    with no_network():
+        model = build_model("base", num_labels=2)
+    assert count_parameters(model) == (65_783_042, 104)
+
+
+def test_tiny_model_takes_the_same_code_path():
+    tiny, base = build_model("tiny"), build_model("base")
+    assert type(tiny) is type(base)
+    def tensor_kinds(model):  # parameter names with the layer number taken out
+        return {re.sub(r"layer\.\d+\.", "layer.N.", name) for name, _ in model.named_parameters()}
+    assert tensor_kinds(tiny) == tensor_kinds(base)  # same tensors, fewer layers, smaller shapes
+    assert count_parameters(tiny)[0] < 1_000_000
+
+
+def test_same_seed_same_weights_and_other_seed_other_weights():
+    a, b, c = build_model(seed=1), build_model(seed=1), build_model(seed=2)
+    torch.testing.assert_close(a.state_dict(), b.state_dict())
+    assert not torch.equal(a.classifier.weight, c.classifier.weight)
+
+
+def test_unknown_model_size_lists_the_valid_names():
+    with pytest.raises(ValueError, match="unknown model size 'huge'.*tiny, base"):
+        build_model("huge")
+
+
+def test_pretrained_opt_in_without_network_fails_fast_and_clearly(tmp_path):
+    with no_network(), pytest.raises(RuntimeError, match="pretrained=False"):
+        build_model("base", pretrained=True, cache_dir=tmp_path)
+
+
+def test_no_network_really_blocks_connections():
+    import socket
+    with no_network(), pytest.raises(NetworkBlockedError):
+        socket.create_connection(("127.0.0.1", 9))
+
+
+def test_device_is_cuda_exactly_when_cuda_is_available():
+    assert get_device().type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_splits_columns_and_label_balance():
+    with no_network():
+        dataset = course_data.load_paraphrase_dataset()
+    assert {split: dataset[split].num_rows for split in dataset} == {"train": 4000, "validation": 400, "test": 400}
+    for split in dataset.values():
+        assert set(split.column_names) == {"idx", "sentence1", "sentence2", "label"}
+        labels = split["label"]
+        assert set(labels) == {0, 1}
+        majority_share = max(labels.count(0), labels.count(1)) / len(labels)
+        assert majority_share <= 0.55
+
+
+def test_splits_share_no_sentence_pair():
+    dataset = course_data.load_paraphrase_dataset()
+    pairs = {split: set(zip(dataset[split]["sentence1"], dataset[split]["sentence2"])) for split in dataset}
+    assert not pairs["train"] & pairs["validation"]
+    assert not pairs["train"] & pairs["test"]
+
+
+def test_tokenizer_round_trip_on_a_sentence_pair():
+    tokenizer = course_data.load_tokenizer()
+    first, second = "Alice bought two lamps in Oslo.", "In Oslo, Alice purchased two lamps."
+    encoded = tokenizer(first, second)
+    assert set(encoded) == {"input_ids", "attention_mask"}  # DistilBERT takes no token_type_ids
+    assert tokenizer.decode(encoded["input_ids"]) == f"[CLS] {first} [SEP] {second} [SEP]"
+    assert tokenizer.unk_token_id not in encoded["input_ids"]
+
+
+def test_same_seed_gives_the_same_batch():
+    tokenized, tokenizer = course_data.load_tokenized()
+    def first_batch(seed):
+        return next(iter(course_data.make_dataloader(tokenized["train"], tokenizer, 8, shuffle=True, seed=seed)))
+    a, b, c = first_batch(0), first_batch(0), first_batch(1)
+    torch.testing.assert_close(dict(a), dict(b))
+    assert not torch.equal(a["labels"], c["labels"]) or not torch.equal(a["input_ids"], c["input_ids"])
+
+
+def test_missing_data_file_names_the_file_and_the_command(tmp_path, monkeypatch):
+    monkeypatch.setattr(course_data, "PARAPHRASE_DIR", tmp_path / "paraphrase")
+    monkeypatch.setattr(course_data, "REPO_ROOT", tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"paraphrase/train\.jsonl.*python data/make_data\.py"):
+        course_data.load_paraphrase_dataset()
+
+
+def test_missing_model_configuration_names_the_command(tmp_path, monkeypatch):
+    monkeypatch.setitem(MODEL_CONFIG_DIRS, "tiny", tmp_path / "distilbert-tiny")
+    with pytest.raises(FileNotFoundError, match="python data/make_data.py"):
+        build_model("tiny")
+
+
+def test_the_committed_data_is_what_the_generator_makes(tmp_path):
+    subprocess.run([sys.executable, str(REPO_ROOT / "data" / "make_data.py"), "--out", str(tmp_path)],
+                   check=True, capture_output=True)
+    made = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
+    assert made, "the generator wrote nothing"
+    for relative in made:
+        assert filecmp.cmp(tmp_path / relative, REPO_ROOT / "data" / relative, shallow=False), relative
+
+
+def test_base_configuration_is_the_distilbert_base_cased_architecture():
+    config = json.loads((MODEL_CONFIG_DIRS["base"] / "config.json").read_text())
+    expected = {"vocab_size": 28996, "dim": 768, "n_layers": 6, "n_heads": 12,
+                "hidden_dim": 3072, "max_position_embeddings": 512}
+    assert {key: config[key] for key in expected} == expected
