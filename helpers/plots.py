@@ -1,0 +1,106 @@
+"""The course's figures. Each function takes data and returns a matplotlib Figure.
+
+No function here saves a file or changes global matplotlib settings.
+"""
+import math
+
+from matplotlib.figure import Figure
+from matplotlib.patches import FancyBboxPatch
+
+HIGHLIGHT, MUTED = "#d95f02", "#bdbdbd"
+STATUS_COLOURS = {  # used by the recompute-graph figure
+    "input": "#9ecae1",
+    "kept": "#1b9e77",
+    "recomputed": "#d95f02",
+    "not kept": "#ffffff",
+}
+
+
+def three_levers_figure(highlight="memory"):
+    """Lesson 01: the three levers of efficient training, one of them highlighted."""
+    levers = {
+        "memory": ("Memory\nefficiency", "gradient checkpointing,\noptimizer state"),
+        "communication": ("Communication\nefficiency", "Local SGD"),
+        "computation": ("Computation\nefficiency", "doing less work\nper step"),
+    }
+    if highlight not in levers:
+        raise ValueError(f"highlight must be one of {', '.join(levers)}, not {highlight!r}")
+    fig = Figure(figsize=(9, 2.8))
+    ax = fig.add_subplot()
+    for i, (name, (title, examples)) in enumerate(levers.items()):
+        colour = HIGHLIGHT if name == highlight else MUTED
+        ax.add_patch(FancyBboxPatch((i * 3.2, 0), 2.8, 2, boxstyle="round,pad=0.1", facecolor=colour,
+                                    edgecolor="black", alpha=0.9 if name == highlight else 0.5))
+        ax.text(i * 3.2 + 1.4, 1.35, title, ha="center", va="center", fontsize=13, weight="bold")
+        ax.text(i * 3.2 + 1.4, 0.45, examples, ha="center", va="center", fontsize=10)
+    ax.set_xlim(-0.3, 9.5)
+    ax.set_ylim(-0.3, 2.3)
+    ax.axis("off")
+    fig.suptitle("Three levers of efficient training", fontsize=14)
+    return fig
+
+
+# node -> (x, y) for the A + B = C graph
+GRAPH_LAYOUT = {"x": (0, 1), "A": (1.3, 1.8), "B": (1.3, 0.2), "C": (2.6, 1), "loss": (3.9, 1)}
+GRAPH_EDGES = [("x", "A"), ("x", "B"), ("A", "C"), ("B", "C"), ("C", "loss")]
+
+
+def recompute_graph_figure(statuses_by_mode, labels=None):
+    """Lesson 01: the x -> A, B -> C -> loss graph, one panel per checkpointing mode.
+
+    ``statuses_by_mode`` maps a mode name to {node: status}, status one of
+    'input', 'kept' (held for backward), 'recomputed' (ran again in backward), 'not kept'.
+    ``labels`` optionally maps a node to the text drawn in it.
+    """
+    for mode, statuses in statuses_by_mode.items():
+        unknown = {s for s in statuses.values() if s not in STATUS_COLOURS}
+        if unknown:
+            raise ValueError(f"{mode}: unknown status {unknown}; use one of {', '.join(STATUS_COLOURS)}")
+    labels = labels or {}
+    fig = Figure(figsize=(4.2 * len(statuses_by_mode), 3.2))
+    axes = fig.subplots(1, len(statuses_by_mode), squeeze=False)[0]
+    for ax, (mode, statuses) in zip(axes, statuses_by_mode.items()):
+        for start, end in GRAPH_EDGES:
+            (x0, y0), (x1, y1) = GRAPH_LAYOUT[start], GRAPH_LAYOUT[end]
+            ax.annotate("", xy=(x1, y1), xytext=(x0, y0),
+                        arrowprops=dict(arrowstyle="->", shrinkA=17, shrinkB=17, color="black"))
+        for node, (x, y) in GRAPH_LAYOUT.items():
+            status = statuses.get(node, "not kept")
+            ax.scatter([x], [y], s=1300, c=STATUS_COLOURS[status], edgecolors="black", zorder=3)
+            ax.text(x, y, labels.get(node, node), ha="center", va="center", fontsize=11, zorder=4)
+        ax.set_title(mode, fontsize=12)
+        ax.set_xlim(-0.5, 4.4)
+        ax.set_ylim(-0.4, 2.4)
+        ax.axis("off")
+    handles = [axes[0].scatter([], [], s=120, c=colour, edgecolors="black", label=status)
+               for status, colour in STATUS_COLOURS.items()]
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False)
+    fig.subplots_adjust(bottom=0.18)
+    return fig
+
+
+def memory_time_tradeoff_figure(rows, reference_blocks=None):
+    """Lesson 01: peak activation memory against time overhead, one point per strategy.
+
+    ``rows``: list of dicts with 'name', 'peak_activation_mib', 'time_ratio'. With
+    ``reference_blocks`` = n, Chen et al. 2016's sqrt(n) memory at about one extra forward
+    pass (time x 4/3, a forward being about a third of forward + backward) is drawn too.
+    """
+    fig = Figure(figsize=(6.5, 4))
+    ax = fig.add_subplot()
+    for row in rows:
+        ax.scatter(row["time_ratio"], row["peak_activation_mib"], s=60, zorder=3)
+        ax.annotate(row["name"], (row["time_ratio"], row["peak_activation_mib"]),
+                    textcoords="offset points", xytext=(6, 6))
+    if reference_blocks:
+        baseline = max(r["peak_activation_mib"] for r in rows)
+        target = baseline * 2 / math.sqrt(reference_blocks)  # sqrt(n) stored inputs + one segment live
+        ax.scatter([4 / 3], [target], marker="*", s=220, c="black", zorder=3)
+        ax.annotate("Chen et al. 2016:\nO(sqrt n) memory,\n~1 extra forward", (4 / 3, target),
+                    textcoords="offset points", xytext=(-40, 14))
+    ax.set_xlabel("time per training step, relative to no checkpointing")
+    ax.set_ylabel("peak activation memory (MiB)")
+    ax.set_ylim(0, max(r["peak_activation_mib"] for r in rows) * 1.15)
+    ax.set_xlim(0.95, max([4 / 3] + [r["time_ratio"] for r in rows]) + 0.15)
+    ax.grid(alpha=0.3)
+    return fig
