@@ -104,3 +104,28 @@ def memory_time_tradeoff_figure(rows, reference_blocks=None):
     ax.set_xlim(0.95, max([4 / 3] + [r["time_ratio"] for r in rows]) + 0.15)
     ax.grid(alpha=0.3)
     return fig
+
+
+def ease_versus_customisability_figure(lines_written, customisability):
+    """Lessons 02 and 04: ways to train placed by lines of code (ease) and customisability.
+
+    ``lines_written`` maps a name to the lines of code it took; ``customisability`` maps the
+    same names to 1 (through arguments and callbacks) or 2 (you write the loop).
+    """
+    missing = set(lines_written) ^ set(customisability)
+    if missing:
+        raise ValueError(f"lines_written and customisability must name the same ways to train; differ in {missing}")
+    fig = Figure(figsize=(6.5, 4))
+    ax = fig.add_subplot()
+    for i, (name, lines) in enumerate(lines_written.items()):
+        x = customisability[name]
+        ax.scatter([x], [lines], s=140, zorder=3)
+        ax.annotate(f"{name}\n({lines} lines)", (x, lines), textcoords="offset points",
+                    xytext=(12, -6 + 14 * (i % 2)))
+    ax.set_xticks([1, 2], ["arguments and\ncallbacks", "your own loop"])
+    ax.set_xlim(0.6, 2.9)
+    ax.set_ylim(max(lines_written.values()) * 1.3, 0)  # inverted: fewer lines, easier, higher up
+    ax.set_xlabel("customisability")
+    ax.set_ylabel("lines of code you write (fewer = easier)")
+    ax.grid(alpha=0.3)
+    return fig
