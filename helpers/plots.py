@@ -129,3 +129,64 @@ def ease_versus_customisability_figure(lines_written, customisability):
     ax.set_ylabel("lines of code you write (fewer = easier)")
     ax.grid(alpha=0.3)
     return fig
+
+
+def sync_timeline_figure(events_by_run, last_step=24):
+    """Lesson 03: one timeline per worker and run; a mark where the worker communicated.
+
+    ``events_by_run`` maps a run name to its per-worker event lists, each event
+    (optimizer step, seconds, collective name, payload bytes) as the worker logged it.
+    """
+    fig = Figure(figsize=(9, 1.3 + 1.1 * len(events_by_run)))
+    axes = fig.subplots(len(events_by_run), 1, squeeze=False)[:, 0]
+    for ax, (run, events_by_rank) in zip(axes, events_by_run.items()):
+        for rank, events in enumerate(events_by_rank):
+            y = len(events_by_rank) - 1 - rank
+            ax.broken_barh([(s - 0.95, 0.9) for s in range(1, last_step + 1)], (y - 0.15, 0.3),
+                           facecolors="#c6dbef")  # local computation, one block per step
+            synced = sorted({e[0] for e in events if e[2] != "barrier" and e[0] <= last_step})
+            ax.scatter(synced, [y] * len(synced), marker="|", s=500, c=HIGHLIGHT, zorder=3)
+        ax.set_yticks(range(len(events_by_rank)), [f"worker {r}" for r in reversed(range(len(events_by_rank)))])
+        ax.set_xlim(0, last_step + 0.5)
+        ax.set_ylim(-0.6, len(events_by_rank) - 0.4)
+        ax.set_title(f"{run}: orange = synchronization (logged collective)", fontsize=10, loc="left")
+    axes[-1].set_xlabel("optimizer step")
+    fig.tight_layout()
+    return fig
+
+
+def weight_gap_figure(gaps, local_sgd_steps):
+    """Lesson 03: largest weight difference between workers after each step, syncs marked."""
+    fig = Figure(figsize=(7, 3))
+    ax = fig.add_subplot()
+    steps, values = zip(*gaps)
+    ax.plot(steps, values, marker="o", ms=3)
+    for step in steps:
+        if step % local_sgd_steps == 0:
+            ax.axvline(step, color=HIGHLIGHT, alpha=0.5, lw=1)
+    ax.set_xlabel("optimizer step (orange: synchronization)")
+    ax.set_ylabel("max |weight difference|")
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def communication_sweep_figure(rows, ddp_row):
+    """Lesson 03: bytes communicated and validation loss against Local SGD's k, DDP as reference."""
+    fig = Figure(figsize=(10, 3.6))
+    ax_bytes, ax_loss = fig.subplots(1, 2)
+    ks = [r["k"] for r in rows]
+    ax_bytes.plot(ks, [r["bytes"] / 2**20 for r in rows], marker="o", label="Local SGD")
+    ax_bytes.axhline(ddp_row["bytes"] / 2**20, color=MUTED, ls="--", label="DDP (every step)")
+    ax_bytes.set_yscale("log")
+    ax_bytes.set_ylabel("MiB sent per process")
+    ax_loss.plot(ks, [r["val_loss"] for r in rows], marker="o", label="Local SGD")
+    ax_loss.axhline(ddp_row["val_loss"], color=MUTED, ls="--", label="DDP")
+    ax_loss.set_ylabel("validation loss")
+    for ax in (ax_bytes, ax_loss):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ks, [str(k) for k in ks])
+        ax.set_xlabel("local_sgd_steps k")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    return fig

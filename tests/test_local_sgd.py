@@ -1,0 +1,113 @@
+"""Lesson 03's Local SGD worker: real processes, counted communication, and its failure modes."""
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers.local_sgd import RunConfig, WorkerFailedError, launch, train_worker, validate_local_sgd_steps
+from helpers.models import build_model
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+STEPS = 8
+
+
+@pytest.fixture(scope="module")
+def parameter_sizes():
+    model = build_model("tiny")
+    return len(list(model.parameters())), sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+@pytest.fixture(scope="module")
+def short_runs():
+    return launch([RunConfig("DDP", optimizer_steps=STEPS),
+                   RunConfig("k=4", local_sgd_steps=4, optimizer_steps=STEPS)], num_processes=2)
+
+
+@pytest.mark.parametrize("good", [None, 1, 8])
+def test_valid_local_sgd_steps(good):
+    validate_local_sgd_steps(good)
+
+
+@pytest.mark.parametrize("bad, error", [(0, ValueError), (-3, ValueError), (2.5, TypeError),
+                                        ("8", TypeError), (True, TypeError)])
+def test_invalid_local_sgd_steps_get_a_clear_error(bad, error):
+    with pytest.raises(error, match="local_sgd_steps"):
+        RunConfig("bad", local_sgd_steps=bad)
+
+
+def test_two_processes_really_train(short_runs):
+    assert short_runs["processes"] == 2
+    assert [run["config"]["name"] for run in short_runs["runs"]] == ["DDP", "k=4"]
+
+
+def test_ddp_all_reduces_the_gradients_once_per_step(short_runs, parameter_sizes):
+    _, parameter_bytes = parameter_sizes
+    events = short_runs["runs"][0]["events_by_rank"][0]
+    all_reduces = [e for e in events if e[2] == "all_reduce"]
+    assert len(all_reduces) == STEPS
+    for _, _, _, payload in all_reduces:  # one bucket holding every gradient (plus alignment padding)
+        assert parameter_bytes <= payload <= parameter_bytes * 1.01
+
+
+def test_local_sgd_averages_every_parameter_every_k_steps_and_at_exit(short_runs, parameter_sizes):
+    tensors, parameter_bytes = parameter_sizes
+    run = short_runs["runs"][1]
+    syncs = STEPS // 4 + 1  # at steps 4 and 8, and when the LocalSGD block ends
+    all_reduces = [e for e in run["events_by_rank"][0] if e[2] == "all_reduce"]
+    assert len(all_reduces) == syncs * tensors
+    assert sum(e[3] for e in all_reduces) == syncs * parameter_bytes
+    assert run["final_gap"] == 0.0
+
+
+def test_a_failing_worker_reports_its_traceback_fast():
+    start = time.perf_counter()
+    with pytest.raises(WorkerFailedError, match="worker process 1 failed") as caught:
+        launch([RunConfig("fails", fail_on_rank=1, optimizer_steps=4)], num_processes=2)
+    assert "injected failure on process 1" in caught.value.worker_traceback
+    assert "Traceback" in caught.value.worker_traceback
+    assert time.perf_counter() - start < 60  # not a hang in a collective
+
+
+def test_a_busy_port_and_an_existing_accelerator_do_not_break_the_launch():
+    from accelerate import Accelerator
+
+    Accelerator(cpu=True)  # as a Trainer in the same kernel would
+    with socket.socket() as blocker:  # something else listens on the port we ask for
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        busy_port = blocker.getsockname()[1]
+        results = launch([RunConfig("DDP", optimizer_steps=2)], num_processes=2, port=busy_port)
+    assert results["processes"] == 2
+
+
+def test_a_single_process_refuses_to_pretend(tmp_path):
+    with pytest.raises(RuntimeError, match="silently do nothing"):
+        train_worker([RunConfig("DDP", optimizer_steps=2)], str(tmp_path / "results.json"))
+
+
+def accelerate_launch(flags, tmp_path):
+    results = tmp_path / "results.json"
+    command = [sys.executable, "-m", "accelerate.commands.launch", *flags, "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+               str(REPO_ROOT / "helpers" / "local_sgd.py"), "--local-sgd-steps", "4",
+               "--optimizer-steps", "8", "--results", str(results)]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    return completed, results
+
+
+def test_the_script_form_runs_on_two_processes_with_accelerate_launch(tmp_path):
+    completed, results = accelerate_launch(["--multi_gpu"], tmp_path)  # torchrun; gloo on a CPU
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert json.loads(results.read_text())["processes"] == 2
+    assert "Local SGD k=4" in completed.stdout
+
+
+def test_accelerate_launch_with_cpu_flag_starts_one_process_and_the_worker_refuses(tmp_path):
+    # Accelerate 1.x: --cpu takes the single-process launcher (several CPU processes need mpirun).
+    completed, _ = accelerate_launch(["--cpu"], tmp_path)
+    assert completed.returncode != 0
+    assert "silently do nothing" in completed.stderr
