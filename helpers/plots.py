@@ -190,3 +190,67 @@ def communication_sweep_figure(rows, ddp_row):
         ax.legend()
     fig.tight_layout()
     return fig
+
+
+def optimizer_tradeoff_figure(rows, state_budget_bytes=2**30):
+    """Lesson 04: optimizers placed by measured state bytes per parameter and state precision.
+
+    ``rows``: dicts with 'name', 'bytes_per_parameter' (measured) and 'state_bits' (the
+    precision each state value is stored in). The x axis shows how many parameters fit
+    when the optimizer state may use ``state_budget_bytes``.
+    """
+    fig = Figure(figsize=(7, 4))
+    ax = fig.add_subplot()
+    for row in rows:
+        affordable = state_budget_bytes / row["bytes_per_parameter"]
+        ax.scatter([affordable], [row["state_bits"]], s=120, zorder=3)
+        ax.annotate(f"{row['name']}\n{row['bytes_per_parameter']:.2f} B/param", (affordable, row["state_bits"]),
+                    textcoords="offset points", xytext=(8, 4))
+    ax.set_xscale("log")
+    ax.set_xlabel(f"parameters whose optimizer state fits in {state_budget_bytes / 2**30:.0f} GiB (log)")
+    ax.set_ylabel("bits per stored state value")
+    ax.set_ylim(0, 40)
+    ax.set_xlim(left=min(state_budget_bytes / r["bytes_per_parameter"] for r in rows) / 3,
+                right=max(state_budget_bytes / r["bytes_per_parameter"] for r in rows) * 30)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def ema_figure(gradients, exp_avg, exp_avg_sq):
+    """Lesson 04: a noisy gradient stream and AdamW's two moving averages of it."""
+    fig = Figure(figsize=(8, 3.4))
+    ax_first, ax_second = fig.subplots(1, 2)
+    steps = range(1, len(gradients) + 1)
+    ax_first.plot(steps, gradients, lw=0.8, color=MUTED, label="gradient")
+    ax_first.plot(steps, exp_avg, color=HIGHLIGHT, label="EMA of gradients (exp_avg)")
+    ax_second.plot(steps, [g * g for g in gradients], lw=0.8, color=MUTED, label="squared gradient")
+    ax_second.plot(steps, exp_avg_sq, color="#1b9e77", label="EMA of squared gradients (exp_avg_sq)")
+    for ax in (ax_first, ax_second):
+        ax.set_xlabel("step")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def memory_grid_figure(states, columns=16):
+    """Lesson 04: one square per parameter and state; colour = which state, shade = its magnitude.
+
+    ``states`` maps a state name to a 1-D sequence of values, one per parameter.
+    """
+    import numpy as np
+
+    colormaps = ["Blues", "Oranges", "Greens", "Purples"]
+    fig = Figure(figsize=(8, 1.1 + 0.9 * len(states)))
+    axes = fig.subplots(len(states), 1, squeeze=False)[:, 0]
+    for ax, (name, values), cmap in zip(axes, states.items(), colormaps):
+        values = np.abs(np.asarray(values, dtype=float))
+        grid = values.reshape(-1, columns)
+        ax.imshow(grid / (grid.max() or 1), cmap=cmap, vmin=-0.3, vmax=1)
+        ax.set_xticks(np.arange(-0.5, columns, 1), minor=True)
+        ax.set_yticks(np.arange(-0.5, grid.shape[0], 1), minor=True)
+        ax.grid(which="minor", color="white", lw=1.5)
+        ax.tick_params(which="both", length=0, labelbottom=False, labelleft=False)
+        ax.set_title(f"{name}: 4 bytes per parameter", fontsize=10, loc="left")
+    fig.tight_layout()
+    return fig
