@@ -43,5 +43,9 @@ bench: $(INSTALLED)
 data: $(INSTALLED)
 	$(PY) data/make_data.py
 
+# Static reveal.js decks of the lessons, in build/slides (git-ignored); see tests/build_slides.py.
+slides: $(INSTALLED)
+	$(PY) tests/build_slides.py
+
 clean:
 	rm -rf build .pytest_cache
