@@ -53,6 +53,7 @@ def render(lesson):
                     "--output-dir", str(SLIDES_DIR), "--log-level=ERROR",
                     "--SlidesExporter.reveal_url_prefix=reveal.js",
                     "--SlidesExporter.reveal_theme=white",  # its fonts ship with reveal.js; "simple" fetches them
+                    "--SlidesExporter.reveal_scroll=True",  # long slides (code and output) scroll
                     "--SlidesExporter.jquery_url=assets/jquery.min.js",
                     "--SlidesExporter.require_js_url=assets/require.js",
                     "--SlidesExporter.mathjax_url=assets/mathjax-stub.js",
