@@ -289,6 +289,10 @@ def _quiet_launcher_logs():
             logger.setLevel(level)
 
 
+def is_peer_failure(traceback_text):
+    return "by peer" in traceback_text or "gloo/transport" in traceback_text
+
+
 class WorkerFailedError(RuntimeError):
     """A worker process raised: its traceback, as the worker printed it."""
 
@@ -298,8 +302,9 @@ class WorkerFailedError(RuntimeError):
             if isinstance(message, dict):
                 message = message.get("extraInfo", {}).get("py_callstack") or message.get("message", "")
             tracebacks.setdefault(rank, str(message))
-        # A worker whose peer vanished fails too ("closed by peer"): report the root cause.
-        rank = min(tracebacks, key=lambda r: ("closed by peer" in tracebacks[r], r))
+        # A worker whose peer vanished fails too, inside gloo ("Connection closed by peer",
+        # "Read error ... reset by peer"): report the worker that failed for its own reason.
+        rank = min(tracebacks, key=lambda r: (is_peer_failure(tracebacks[r]), r))
         super().__init__(f"worker process {rank} failed:\n{tracebacks[rank]}")
         self.worker_traceback = tracebacks[rank]
 

@@ -111,3 +111,15 @@ def test_accelerate_launch_with_cpu_flag_starts_one_process_and_the_worker_refus
     completed, _ = accelerate_launch(["--cpu"], tmp_path)
     assert completed.returncode != 0
     assert "silently do nothing" in completed.stderr
+
+
+@pytest.mark.parametrize("peer_error", [
+    "RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:28843.",
+    "RuntimeError: [../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:22960: Connection reset by peer."])
+def test_the_root_cause_is_reported_not_the_peer_that_lost_its_connection(peer_error):
+    from types import SimpleNamespace
+
+    error = WorkerFailedError(SimpleNamespace(failures={}),
+                              {0: f"Traceback ...\n{peer_error}\n", 1: "Traceback ...\nValueError: bad batch\n"})
+    assert str(error).startswith("worker process 1 failed")
+    assert error.worker_traceback.endswith("ValueError: bad batch\n")

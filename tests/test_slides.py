@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from build_slides import LESSONS, REPO_ROOT, SLIDES_DIR, install_assets, render
+from build_slides import LESSONS, SLIDES_DIR, install_assets, render
 
 SLIDE_TYPES = {"slide", "subslide", "fragment", "skip", "notes", "-"}
 
