@@ -223,6 +223,19 @@ def free_port():
         return s.getsockname()[1]
 
 
+def require_loopback():
+    """The processes meet on 127.0.0.1: fail now, clearly, rather than wait for a rendezvous that cannot happen."""
+    try:
+        with socket.socket() as server:
+            server.bind(("127.0.0.1", 0))
+            server.listen()
+            socket.create_connection(server.getsockname(), timeout=2).close()
+    except OSError as error:
+        raise RuntimeError(
+            f"the worker processes talk over the loopback interface (127.0.0.1), which does not answer here "
+            f"({error}). In a network namespace made with `unshare -n`, bring it up first: ip link set lo up") from None
+
+
 def port_is_busy(port):
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", int(port))) == 0
@@ -245,6 +258,7 @@ def launch(configs, num_processes=2, port=29500):
         RunConfig(**config)  # validates, in this process, before anything starts
     if num_processes < 2:
         raise ValueError(f"Local SGD needs at least 2 processes, got num_processes={num_processes}")
+    require_loopback()
     if AcceleratorState._shared_state or PartialState._shared_state:
         # An Accelerator (or a Trainer, which makes one) exists in this kernel: the forked
         # workers would inherit its state, so Accelerate refuses to launch. Reset it.

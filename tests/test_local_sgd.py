@@ -123,3 +123,14 @@ def test_the_root_cause_is_reported_not_the_peer_that_lost_its_connection(peer_e
                               {0: f"Traceback ...\n{peer_error}\n", 1: "Traceback ...\nValueError: bad batch\n"})
     assert str(error).startswith("worker process 1 failed")
     assert error.worker_traceback.endswith("ValueError: bad batch\n")
+
+
+def test_a_dead_loopback_interface_fails_fast_with_the_fix(monkeypatch):
+    import helpers.local_sgd as local_sgd
+
+    def unreachable(*args, **kwargs):
+        raise OSError(101, "Network is unreachable")
+
+    monkeypatch.setattr(local_sgd.socket, "create_connection", unreachable)
+    with pytest.raises(RuntimeError, match="ip link set lo up"):
+        launch([RunConfig("DDP", optimizer_steps=2)], num_processes=2)

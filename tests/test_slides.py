@@ -1,8 +1,10 @@
 """Instructor mode: slide metadata, the rendered decks, and the decks in a real browser."""
 import base64
 import json
+import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -128,7 +130,8 @@ def browser(tmp_path_factory):
         [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          f"--user-data-dir={tmp_path_factory.mktemp('chromium')}", f"--remote-debugging-port={port}",
-         "--window-size=1280,800", "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+         "--window-size=1280,800", "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True)  # its own process group: Debian's chromium is a wrapper script
     deadline = time.time() + 30
     while True:
         try:
@@ -137,11 +140,11 @@ def browser(tmp_path_factory):
             break
         except Exception:
             if time.time() > deadline:
-                process.kill()
+                os.killpg(process.pid, signal.SIGKILL)
                 raise
             time.sleep(0.3)
     yield DevTools(page["webSocketDebuggerUrl"])
-    process.kill()
+    os.killpg(process.pid, signal.SIGKILL)  # the browser and every child it started
     process.wait()
 
 
