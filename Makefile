@@ -23,8 +23,11 @@ $(INSTALLED): requirements.txt pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
+# Jupyter refuses to run as root unless told to (containers, CI machines).
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
+
 lab: $(INSTALLED)
-	$(JUPYTER) lab --notebook-dir=notebooks $(LAB_ARGS)
+	$(JUPYTER) lab --notebook-dir=notebooks $(ROOT_FLAG) $(LAB_ARGS)
 
 test: $(INSTALLED)
 	$(PY) -m pytest $(NBVAL) tests notebooks
