@@ -1,14 +1,13 @@
 """The paraphrase data set and its tokenizer, loaded from data/ (introduced in 00_start_here)."""
 import contextlib
-from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-PARAPHRASE_DIR = REPO_ROOT / "data" / "paraphrase"
-TOKENIZER_DIR = REPO_ROOT / "data" / "tokenizer"
+from helpers.paths import DATA_DIR, REGENERATE_COMMAND, REPO_ROOT
+
+PARAPHRASE_DIR = DATA_DIR / "paraphrase"
+TOKENIZER_DIR = DATA_DIR / "tokenizer"
 SPLITS = ("train", "validation", "test")
-REGENERATE_COMMAND = "python data/make_data.py  (run it from the repository root)"
 
 
 def _require(path):

@@ -1,14 +1,14 @@
 """DistilBERT built offline from the configurations in data/models (introduced in 00_start_here)."""
 import socket
-from pathlib import Path
 from urllib.parse import urlparse
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from helpers.paths import DATA_DIR, REGENERATE_COMMAND
+
 MODEL_CONFIG_DIRS = {
-    "tiny": REPO_ROOT / "data" / "models" / "distilbert-tiny",  # same code path, trains in seconds
-    "base": REPO_ROOT / "data" / "models" / "distilbert-base-cased",  # the slides' model
+    "tiny": DATA_DIR / "models" / "distilbert-tiny",  # same code path, trains in seconds
+    "base": DATA_DIR / "models" / "distilbert-base-cased",  # the slides' model
 }
 PRETRAINED_NAME = "distilbert-base-cased"  # the Hub name, used only when a learner opts in
 
@@ -22,7 +22,7 @@ def model_config(size="tiny", num_labels=2):
     folder = MODEL_CONFIG_DIRS[size]
     if not (folder / "config.json").exists():
         raise FileNotFoundError(
-            f"data/models/{folder.name}/config.json is missing; regenerate it with: python data/make_data.py")
+            f"data/models/{folder.name}/config.json is missing; regenerate it with: {REGENERATE_COMMAND}")
     return AutoConfig.from_pretrained(folder, num_labels=num_labels)
 
 
