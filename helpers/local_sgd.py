@@ -248,14 +248,22 @@ def launch(configs, num_processes=2, port=29500):
     already made in this kernel (Accelerate's launcher refuses then), a busy port, and
     a worker that fails (its traceback is raised here, at once, instead of a hang).
     """
+    configs = [asdict(c) if isinstance(c, RunConfig) else dict(c) for c in configs]
+    for config in configs:
+        RunConfig(**config)  # validates, in this process, before anything starts
+    return run_in_processes(train_worker, (configs,), num_processes, port)
+
+
+def run_in_processes(worker, worker_args, num_processes=2, port=29500):
+    """Run ``worker(*worker_args, results_path)`` in ``num_processes`` forked processes; return the JSON
+    that rank 0 wrote to ``results_path``. A worker that raises should first write its traceback to
+    ``traceback_path(results_path, rank)``; it is then raised here as a WorkerFailedError.
+    """
     from accelerate import notebook_launcher
     from accelerate.state import AcceleratorState, GradientState, PartialState
     from accelerate.utils import patch_environment
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    configs = [asdict(c) if isinstance(c, RunConfig) else dict(c) for c in configs]
-    for config in configs:
-        RunConfig(**config)  # validates, in this process, before anything starts
     if num_processes < 2:
         raise ValueError(f"Local SGD needs at least 2 processes, got num_processes={num_processes}")
     require_loopback()
@@ -277,7 +285,7 @@ def launch(configs, num_processes=2, port=29500):
         failure = None
         try:
             with patch_environment(omp_num_threads=threads), _quiet_launcher_logs():
-                notebook_launcher(record_errors(train_worker), args=(configs, str(results_path)),
+                notebook_launcher(record_errors(worker), args=(*worker_args, str(results_path)),
                                   num_processes=num_processes, use_port=str(port))
         except ChildFailedError as error:
             tracebacks = {rank: traceback_path(results_path, rank).read_text()
