@@ -1,0 +1,255 @@
+"""Checks for notebooks/practice/02_trainer_and_accelerator_practice.ipynb (lesson 02)."""
+import math
+import tempfile
+import warnings
+
+import torch
+
+from helpers.practice import Wrong, call_learner, checker, require_callable, require_done, whole_number
+
+ARGUMENT_HINTS = [
+    ("evaluation_strategy", "Transformers renamed evaluation_strategy to eval_strategy."),
+    ("no_cuda", "Transformers renamed no_cuda to use_cpu."),
+    ("tokenizer", "TrainingArguments takes no tokenizer; Trainer takes it as processing_class."),
+    ("unexpected keyword", "check the argument's name in TrainingArguments' documentation (help(TrainingArguments))."),
+]
+
+
+def value_of(setting):
+    return getattr(setting, "value", setting)  # enums such as IntervalStrategy.EPOCH -> "epoch"
+
+
+def checkpointing_on(args):
+    return bool(getattr(args, "activation_checkpointing", False) or getattr(args, "gradient_checkpointing", False))
+
+
+@checker("2.1")
+def check_training_arguments(make_training_args):
+    """``make_training_args(output_dir)``: evaluation every epoch, micro-batches of 16, accumulation 4, checkpointing."""
+    from transformers import TrainingArguments
+
+    require_callable(make_training_args, "make_training_args")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        args = call_learner(make_training_args, tempfile.mkdtemp(), name="make_training_args", hints=ARGUMENT_HINTS)
+    if not isinstance(args, TrainingArguments):
+        raise Wrong(f"make_training_args should return TrainingArguments(...), but returned {type(args).__name__}.")
+    problems = []
+    if value_of(args.eval_strategy) != "epoch":
+        problems.append(f'evaluation runs "{value_of(args.eval_strategy)}", not every epoch (eval_strategy="epoch")')
+    if args.per_device_train_batch_size != 16:
+        problems.append(f"the micro-batch has {args.per_device_train_batch_size} examples, not 16 "
+                        "(per_device_train_batch_size)")
+    if args.gradient_accumulation_steps != 4:
+        problems.append(f"{args.gradient_accumulation_steps} micro-batches are accumulated, not 4 "
+                        "(gradient_accumulation_steps)")
+    if not checkpointing_on(args):
+        problems.append("checkpointing is off (activation_checkpointing=True)")
+    if problems:
+        raise Wrong("; ".join(problems) + ".")
+    note = ""
+    if any("`gradient_checkpointing` is deprecated" in str(w.message) for w in caught):
+        note = " Note: gradient_checkpointing is the deprecated name since Transformers 5.23; prefer activation_checkpointing."
+    return ("evaluation every epoch, micro-batches of 16, 4 of them accumulated per optimizer step, "
+            f"activation checkpointing on.{note}")
+
+
+def examples_seen_in_one_optimizer_step(args):
+    """Train 1 optimizer step with ``args``' batch settings and count the examples the model saw (measured)."""
+    from transformers import DataCollatorWithPadding, Trainer, TrainingArguments
+
+    from helpers.data import load_tokenized
+    from helpers.models import build_model
+
+    tokenized, tokenizer = load_tokenized()
+    model = build_model("tiny", seed=0)
+    model.accepts_loss_kwargs = False
+    seen = []  # rows of every training forward pass
+    model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(len(kwargs["input_ids"])), with_kwargs=True)
+    one_step = TrainingArguments(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=args.per_device_train_batch_size,
+                                 gradient_accumulation_steps=args.gradient_accumulation_steps, max_steps=1,
+                                 report_to="none", save_strategy="no", disable_tqdm=True, use_cpu=True,
+                                 logging_strategy="no")
+    trainer = Trainer(model=model, args=one_step, train_dataset=tokenized["train"].select(range(256)),
+                      data_collator=DataCollatorWithPadding(tokenizer))
+    quiet(trainer).train()
+    return sum(seen)
+
+
+def quiet(trainer):
+    """Without its progress bar (disable_tqdm), Trainer prints every log; the check prints only its verdict."""
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)
+    return trainer
+
+
+def optimizer_steps_per_epoch(args, n_examples):
+    """Trainer's count: micro-batches per epoch over the accumulation steps, a last partial step included."""
+    micro_batches = math.ceil(n_examples / args.per_device_train_batch_size)
+    return math.ceil(micro_batches / args.gradient_accumulation_steps)
+
+
+def lesson_arguments():
+    from transformers import TrainingArguments
+
+    return TrainingArguments(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=16,
+                             gradient_accumulation_steps=4, report_to="none", use_cpu=True, logging_strategy="no")
+
+
+@checker("2.2")
+def check_batch_arithmetic(examples_per_optimizer_step, optimizer_steps_per_epoch_answer):
+    """The effective batch size and the optimizer steps of one epoch, for micro-batches of 16 and accumulation 4."""
+    from helpers.data import load_paraphrase_dataset
+
+    require_done([examples_per_optimizer_step, optimizer_steps_per_epoch_answer], "both answers", "a whole number")
+    effective = whole_number(examples_per_optimizer_step, "examples_per_optimizer_step")
+    steps = whole_number(optimizer_steps_per_epoch_answer, "optimizer_steps_per_epoch")
+    args = lesson_arguments()
+    n_examples = load_paraphrase_dataset()["train"].num_rows  # 4000
+    measured = examples_seen_in_one_optimizer_step(args)
+    expected_steps = optimizer_steps_per_epoch(args, n_examples)
+    if effective != measured:
+        hint = {16: "that is one micro-batch; one optimizer step accumulates the gradients of 4 of them.",
+                4: "that is the number of micro-batches; how many examples does each hold?"}.get(
+            effective, "count the micro-batches per optimizer step and the examples in each.")
+        raise Wrong(f"one optimizer step used {measured} examples (counted in a real Trainer step), not {effective}. "
+                    f"Hint: {hint}")
+    if steps != expected_steps:
+        micro_batches = math.ceil(n_examples / args.per_device_train_batch_size)
+        if steps == micro_batches:
+            hint = "that is the number of micro-batches; the optimizer steps once every 4 of them."
+        elif steps == micro_batches // args.gradient_accumulation_steps:
+            hint = (f"{micro_batches} micro-batches do not divide by 4: Trainer takes one more, smaller step with "
+                    "the micro-batches left over at the end of the epoch.")
+        else:
+            hint = f"{n_examples} examples make {micro_batches} micro-batches of 16; the optimizer steps every 4 of them."
+        raise Wrong(f"the effective batch is right, but one epoch of {n_examples} examples takes {expected_steps} "
+                    f"optimizer steps, not {steps}. Hint: {hint}")
+    return (f"each optimizer step sees {measured} examples (16 x 4, counted in a real Trainer step), and an epoch of "
+            f"{n_examples} examples is {expected_steps} optimizer steps. On 2 processes each would see its own "
+            f"micro-batches: {2 * measured} examples per step.")
+
+
+def first_logged_loss(prepare_for_trainer=None):
+    """Train 1 step with accumulation 4 and return (Trainer's logged loss, the true mean loss per batch)."""
+    from transformers import DataCollatorWithPadding, Trainer, TrainingArguments
+
+    from helpers.data import load_tokenized, make_dataloader
+    from helpers.models import build_model
+
+    tokenized, tokenizer = load_tokenized()
+    examples = tokenized["train"].select(range(64))
+    model = build_model("tiny", seed=0)
+    with torch.no_grad():  # the true loss: the mean of the 4 micro-batches' mean losses, before any step
+        losses = [model(**batch).loss.item() for batch in make_dataloader(examples, tokenizer, batch_size=16)]
+    if prepare_for_trainer is not None:
+        returned = call_learner(prepare_for_trainer, model, name="prepare_for_trainer")
+        model = returned if isinstance(returned, torch.nn.Module) else model
+    args = TrainingArguments(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=16, gradient_accumulation_steps=4,
+                             max_steps=1, logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True,
+                             use_cpu=True, learning_rate=1e-3)
+    trainer = Trainer(model=model, args=args, train_dataset=examples, data_collator=DataCollatorWithPadding(tokenizer))
+    quiet(trainer).train()
+    logged = next(entry["loss"] for entry in trainer.state.log_history if "loss" in entry)
+    return logged, sum(losses) / len(losses)
+
+
+@checker("2.3")
+def check_logged_loss_fix(prepare_for_trainer):
+    """``prepare_for_trainer(model)``: make Trainer log (and train on) the mean loss under accumulation."""
+    require_callable(prepare_for_trainer, "prepare_for_trainer")
+    logged, true_mean = first_logged_loss(prepare_for_trainer)
+    ratio = logged / true_mean
+    if abs(ratio - 1) < 0.01:
+        return f"Trainer logged {logged:.3f}, the true mean loss is {true_mean:.3f} (about ln 2 = 0.693)."
+    if abs(ratio - 4) < 0.05:
+        raise Wrong(f"Trainer still logged {logged:.3f}, 4 x the true mean loss {true_mean:.3f}: it adds up the "
+                    "4 micro-batches' losses because it believes the model normalises them itself. Hint: Trainer "
+                    "reads an attribute of the model (not of its config) to decide; see lesson 2.")
+    raise Wrong(f"Trainer logged {logged:.3f}, but the true mean loss is {true_mean:.3f} (ratio {ratio:.2f}). Hint: "
+                "change only what Trainer believes about the model's loss; do not rescale the loss yourself.")
+
+
+def tiny_micro_batches():
+    from helpers.data import load_tokenized, make_dataloader
+
+    tokenized, tokenizer = load_tokenized()
+    examples = tokenized["train"].select(range(32))
+    return (make_dataloader(examples, tokenizer, batch_size=8),   # 4 micro-batches of 8
+            make_dataloader(examples, tokenizer, batch_size=16))  # the same examples as 2 batches of 16
+
+
+def accumulation_run(loop, gradient_accumulation_steps=2):
+    """Run ``loop(accelerator, model, optimizer, dataloader)`` on 4 micro-batches; return (weights, optimizer steps)."""
+    from accelerate import Accelerator
+
+    from helpers.models import build_model
+
+    micro_batches, _ = tiny_micro_batches()
+    model = build_model("tiny", seed=1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    steps = []
+    optimizer.register_step_post_hook(lambda *args: steps.append(1))  # counts the real optimizer steps
+    accelerator = Accelerator(gradient_accumulation_steps=gradient_accumulation_steps)
+    model, optimizer, micro_batches = accelerator.prepare(model, optimizer, micro_batches)
+    loop(accelerator, model, optimizer, micro_batches)
+    model = accelerator.unwrap_model(model)
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]), len(steps)
+
+
+def reference_weights():
+    """Two plain SGD steps on batches of 16: what 4 micro-batches of 8, accumulated 2 by 2, must give."""
+    from helpers.models import build_model
+
+    _, big_batches = tiny_micro_batches()
+    model = build_model("tiny", seed=1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    for batch in big_batches:
+        model(**batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def mistaken_loop(plain_backward=False, no_accumulate=False, no_zero_grad=False):
+    def loop(accelerator, model, optimizer, dataloader):
+        import contextlib
+
+        for batch in dataloader:
+            with (contextlib.nullcontext() if no_accumulate else accelerator.accumulate(model)):
+                loss = model(**batch).loss
+                loss.backward() if plain_backward else accelerator.backward(loss)
+                optimizer.step()
+                if not no_zero_grad:
+                    optimizer.zero_grad()
+    return loop
+
+
+LOOP_MISTAKES = {
+    "plain_backward": "It behaves as if it called loss.backward(), which adds up the micro-batches' gradients without dividing by the accumulation "
+                      "steps, so each step is twice too big. Hint: accelerator.backward(loss) divides for you.",
+    "no_accumulate": "Without `with accelerator.accumulate(model):` around the step, the optimizer steps after every "
+                     "micro-batch. Hint: put forward, backward, step and zero_grad inside that block.",
+    "no_zero_grad": "The gradients are never reset, so every step also adds all the earlier ones. Hint: call "
+                    "optimizer.zero_grad() after optimizer.step(), inside the accumulate block.",
+}
+
+
+@checker("2.4")
+def check_accumulation_loop(train_with_accumulation):
+    """``train_with_accumulation(accelerator, model, optimizer, dataloader)``: one pass, accumulating as the Accelerator says."""
+    require_callable(train_with_accumulation, "train_with_accumulation")
+    expected = reference_weights()
+    weights, steps = call_learner(lambda: accumulation_run(train_with_accumulation), name="train_with_accumulation")
+    if steps == 2 and torch.allclose(weights, expected, atol=1e-5):
+        return ("4 micro-batches of 8 gave 2 optimizer steps and the same weights as 2 steps on batches of 16: "
+                "accumulation is a bigger batch.")
+    for mistake, explanation in LOOP_MISTAKES.items():
+        mistaken_weights, _ = accumulation_run(mistaken_loop(**{mistake: True}))
+        if torch.allclose(weights, mistaken_weights, atol=1e-5):
+            raise Wrong(f"the optimizer stepped {steps} times for 4 micro-batches. {explanation}")
+    if steps == 0:
+        raise Wrong("the optimizer never stepped. Hint: loop over the dataloader and call optimizer.step().")
+    raise Wrong(f"the optimizer stepped {steps} times for 4 micro-batches (expected 2), and the weights differ from "
+                "2 steps on batches of 16. Hint: follow lesson 2's Accelerate loop line by line.")
