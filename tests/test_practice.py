@@ -359,8 +359,20 @@ def misspelled_loop(accelerator, model, optimizer, dataloader, local_sgd_steps):
         local_sgd.step()
 
 
-def test_3_2_a_failing_worker_is_one_sentence_not_a_traceback():
-    assert_verdict(l3.check_local_sgd_loop.verdict(misspelled_loop), WRONG, "NameError", "LocalSGDD")
+def step_without_the_block(accelerator, model, optimizer, dataloader, local_sgd_steps):
+    for batch in dataloader:
+        accelerator.backward(model(**batch).loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        local_sgd.step()  # noqa: F821, the `with LocalSGD(...) as local_sgd:` line is missing
+
+
+@pytest.mark.parametrize("loop, fragments", [
+    (misspelled_loop, ("NameError", "LocalSGDD", "import it first")),
+    (step_without_the_block, ("NameError", "'local_sgd'", "open that block")),
+])
+def test_3_2_a_failing_worker_is_one_sentence_not_a_traceback(loop, fragments):
+    assert_verdict(l3.check_local_sgd_loop.verdict(loop), WRONG, *fragments)
 
 
 @pytest.fixture(scope="module")

@@ -85,8 +85,12 @@ def measure_learner_loop(loop, name, micro_batches, gradient_accumulation_steps=
         return measure_loops([loop], micro_batches, gradient_accumulation_steps)[0]
     except WorkerFailedError as error:
         last_line = error.worker_traceback.strip().splitlines()[-1]
-        hint = ("import it first: from accelerate.local_sgd import LocalSGD." if "LocalSGD" in last_line
-                else "run the loop's lines one by one in lesson 3's order; the processes must do the same steps.")
+        if "'local_sgd'" in last_line:
+            hint = "local_sgd is the name that `with LocalSGD(...) as local_sgd:` gives; open that block around the loop."
+        elif "LocalSGD" in last_line:
+            hint = "import it first: from accelerate.local_sgd import LocalSGD."
+        else:
+            hint = "compare your loop with lesson 3's, line by line; both processes must run the same steps."
         raise Wrong(f"{name} failed in a worker process with {last_line}. Hint: {hint}") from None
 
 

@@ -7,6 +7,11 @@ import torch
 
 from helpers.practice import Wrong, call_learner, checker, require_callable, require_done, whole_number
 
+# The checks' Trainer and Accelerator use the GPU when there is one, as the lessons do: a Trainer with
+# use_cpu=True after the learner's own GPU Accelerator would be refused by Accelerate.
+ON_CPU = not torch.cuda.is_available()
+TOLERANCE = 1e-5 if ON_CPU else 1e-4  # weights compared on the CPU, after training on either device
+
 ARGUMENT_HINTS = [
     ("evaluation_strategy", "Transformers renamed evaluation_strategy to eval_strategy."),
     ("no_cuda", "Transformers renamed no_cuda to use_cpu."),
@@ -68,7 +73,7 @@ def examples_seen_in_one_optimizer_step(args):
     model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(len(kwargs["input_ids"])), with_kwargs=True)
     one_step = TrainingArguments(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=args.per_device_train_batch_size,
                                  gradient_accumulation_steps=args.gradient_accumulation_steps, max_steps=1,
-                                 report_to="none", save_strategy="no", disable_tqdm=True, use_cpu=True,
+                                 report_to="none", save_strategy="no", disable_tqdm=True, use_cpu=ON_CPU,
                                  logging_strategy="no")
     trainer = Trainer(model=model, args=one_step, train_dataset=tokenized["train"].select(range(256)),
                       data_collator=DataCollatorWithPadding(tokenizer))
@@ -94,7 +99,7 @@ def lesson_arguments():
     from transformers import TrainingArguments
 
     return TrainingArguments(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=16,
-                             gradient_accumulation_steps=4, report_to="none", use_cpu=True, logging_strategy="no")
+                             gradient_accumulation_steps=4, report_to="none", logging_strategy="no")
 
 
 @checker("2.2")
@@ -148,7 +153,7 @@ def first_logged_loss(prepare_for_trainer=None):
         model = returned if isinstance(returned, torch.nn.Module) else model
     args = TrainingArguments(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=16, gradient_accumulation_steps=4,
                              max_steps=1, logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True,
-                             use_cpu=True, learning_rate=1e-3)
+                             use_cpu=ON_CPU, learning_rate=1e-3)
     trainer = Trainer(model=model, args=args, train_dataset=examples, data_collator=DataCollatorWithPadding(tokenizer))
     quiet(trainer).train()
     logged = next(entry["loss"] for entry in trainer.state.log_history if "loss" in entry)
@@ -195,7 +200,7 @@ def accumulation_run(loop, gradient_accumulation_steps=2):
     model, optimizer, micro_batches = accelerator.prepare(model, optimizer, micro_batches)
     loop(accelerator, model, optimizer, micro_batches)
     model = accelerator.unwrap_model(model)
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]), len(steps)
+    return torch.cat([p.detach().cpu().reshape(-1) for p in model.parameters()]), len(steps)
 
 
 def reference_weights():
@@ -242,12 +247,12 @@ def check_accumulation_loop(train_with_accumulation):
     require_callable(train_with_accumulation, "train_with_accumulation")
     expected = reference_weights()
     weights, steps = call_learner(lambda: accumulation_run(train_with_accumulation), name="train_with_accumulation")
-    if steps == 2 and torch.allclose(weights, expected, atol=1e-5):
+    if steps == 2 and torch.allclose(weights, expected, atol=TOLERANCE):
         return ("4 micro-batches of 8 gave 2 optimizer steps and the same weights as 2 steps on batches of 16: "
                 "accumulation is a bigger batch.")
     for mistake, explanation in LOOP_MISTAKES.items():
         mistaken_weights, _ = accumulation_run(mistaken_loop(**{mistake: True}))
-        if torch.allclose(weights, mistaken_weights, atol=1e-5):
+        if torch.allclose(weights, mistaken_weights, atol=TOLERANCE):
             raise Wrong(f"the optimizer stepped {steps} times for 4 micro-batches. {explanation}")
     if steps == 0:
         raise Wrong("the optimizer never stepped. Hint: loop over the dataloader and call optimizer.step().")
