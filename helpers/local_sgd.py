@@ -11,13 +11,16 @@ single process, and the worker refuses to run alone.)
 """
 import argparse
 import contextlib
+import faulthandler
 import gc
 import json
 import logging
 import math
 import os
+import signal
 import socket
 import tempfile
+import threading
 import time
 import traceback
 from dataclasses import asdict, dataclass
@@ -208,12 +211,60 @@ def train_worker(configs, results_path):
         results["runs"].append(run)
     if accelerator.is_main_process:
         Path(results_path).write_text(json.dumps(results))
+    finish_worker(accelerator)
+
+
+FORKED_WORKER_ENV = "COURSE_FORKED_WORKER"  # set in processes that run_in_processes forked
+
+
+def finish_worker(accelerator):
+    """Wait for every process, then end. A script worker destroys its process group; a forked one must not.
+
+    Destroying a gloo process group joins its worker thread while holding the GIL, and that thread may
+    still be freeing the tensors of a finished collective, which needs the GIL: a deadlock, seen about
+    once in ten launches. A forked worker ends with os._exit, which frees everything without that join.
+    """
     accelerator.wait_for_everyone()
-    accelerator.end_training()
+    if not os.environ.get(FORKED_WORKER_ENV):
+        accelerator.end_training()
 
 
 def traceback_path(results_path, rank):
     return Path(results_path).with_name(f"traceback-process-{rank}.txt")
+
+
+def stack_path(results_path, rank):
+    return Path(results_path).with_name(f"stack-process-{rank}.txt")
+
+
+def forked(worker):
+    """What a forked process runs: undo what it inherited from the notebook's process, then ``worker``."""
+    def run_forked(*args):
+        os.environ[FORKED_WORKER_ENV] = "1"
+        fresh_progress_bar_locks()
+        # On SIGUSR1 (sent by run_in_processes' watchdog) write where every thread is, for the error message.
+        stack_file = open(stack_path(args[-1], int(os.environ.get("RANK", "0"))), "w")
+        faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+        return worker(*args)
+    return run_forked
+
+
+def fresh_progress_bar_locks():
+    """Give tqdm (datasets' progress bars) locks of this process only.
+
+    Inherited through fork, tqdm's lock is a semaphore shared with the notebook's process and with the
+    other workers, plus a thread lock copied in whatever state another thread held it: a worker killed
+    while holding it, or a copy taken mid-use, blocks every later progress bar, in every process.
+    """
+    from tqdm import std
+
+    classes = [std.tqdm]
+    while classes:
+        cls = classes.pop()
+        classes.extend(cls.__subclasses__())
+        if "_lock" in vars(cls) and cls is not std.tqdm:
+            delattr(cls, "_lock")
+    std.tqdm.set_lock(threading.RLock())
 
 
 def free_port():
@@ -241,23 +292,25 @@ def port_is_busy(port):
         return s.connect_ex(("127.0.0.1", int(port))) == 0
 
 
-def launch(configs, num_processes=2, port=29500):
+def launch(configs, num_processes=2, port=29500, timeout_s=300):
     """Start ``num_processes`` processes from a notebook and return rank 0's results.
 
     Handles what would otherwise break a notebook launch: an Accelerator or Trainer
-    already made in this kernel (Accelerate's launcher refuses then), a busy port, and
-    a worker that fails (its traceback is raised here, at once, instead of a hang).
+    already made in this kernel (Accelerate's launcher refuses then), a busy port,
+    a worker that fails (its traceback is raised here, at once, instead of a hang), and
+    workers still running after ``timeout_s`` (the lesson's longest launch takes about 50 s).
     """
     configs = [asdict(c) if isinstance(c, RunConfig) else dict(c) for c in configs]
     for config in configs:
         RunConfig(**config)  # validates, in this process, before anything starts
-    return run_in_processes(train_worker, (configs,), num_processes, port)
+    return run_in_processes(train_worker, (configs,), num_processes, port, timeout_s)
 
 
-def run_in_processes(worker, worker_args, num_processes=2, port=29500):
+def run_in_processes(worker, worker_args, num_processes=2, port=29500, timeout_s=600):
     """Run ``worker(*worker_args, results_path)`` in ``num_processes`` forked processes; return the JSON
     that rank 0 wrote to ``results_path``. A worker that raises should first write its traceback to
-    ``traceback_path(results_path, rank)``; it is then raised here as a WorkerFailedError.
+    ``traceback_path(results_path, rank)``; it is then raised here as a WorkerFailedError. Workers still
+    running after ``timeout_s`` seconds are stopped, and a WorkerTimeoutError says where each one was.
     """
     from accelerate import notebook_launcher
     from accelerate.state import AcceleratorState, GradientState, PartialState
@@ -283,14 +336,20 @@ def run_in_processes(worker, worker_args, num_processes=2, port=29500):
         # destructor waits forever for a thread that only exists in this process.
         gc.collect()
         failure = None
+        watchdog = Watchdog(timeout_s)
         try:
-            with patch_environment(omp_num_threads=threads), _quiet_launcher_logs():
-                notebook_launcher(record_errors(worker), args=(*worker_args, str(results_path)),
+            with patch_environment(omp_num_threads=threads), _quiet_launcher_logs(), watchdog:
+                notebook_launcher(record_errors(forked(worker)), args=(*worker_args, str(results_path)),
                                   num_processes=num_processes, use_port=str(port))
         except ChildFailedError as error:
-            tracebacks = {rank: traceback_path(results_path, rank).read_text()
-                          for rank in range(num_processes) if traceback_path(results_path, rank).exists()}
-            failure = WorkerFailedError(error, tracebacks)
+            if watchdog.fired:
+                stacks = {rank: stack_path(results_path, rank).read_text() for rank in range(num_processes)
+                          if stack_path(results_path, rank).exists()}
+                failure = WorkerTimeoutError(timeout_s, stacks)
+            else:
+                tracebacks = {rank: traceback_path(results_path, rank).read_text()
+                              for rank in range(num_processes) if traceback_path(results_path, rank).exists()}
+                failure = WorkerFailedError(error, tracebacks)
         gc.collect()
         if failure is not None:
             raise failure  # outside the except block: it does not keep the launcher's frames alive
@@ -309,6 +368,49 @@ def _quiet_launcher_logs():
     finally:
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
+
+
+class Watchdog:
+    """Stops the worker processes forked while it is active, if they run longer than ``timeout_s``."""
+
+    def __init__(self, timeout_s):
+        import psutil
+
+        self.timeout_s, self.fired = timeout_s, False
+        self.me = psutil.Process()
+        self.timer = threading.Timer(timeout_s, self.stop_workers)
+        self.timer.daemon = True
+
+    def __enter__(self):
+        self.before = {p.pid for p in self.me.children()}  # e.g. a notebook's other processes: not ours
+        self.timer.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.timer.cancel()
+
+    def stop_workers(self):
+        import psutil
+
+        workers = [p for p in self.me.children() if p.pid not in self.before]
+        self.fired = True
+        for process in workers:  # each writes its threads' stacks (see forked())
+            with contextlib.suppress(psutil.Error):
+                process.send_signal(signal.SIGUSR1)
+        time.sleep(1.0)
+        for process in workers:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+
+
+class WorkerTimeoutError(RuntimeError):
+    """The worker processes ran past the time limit and were stopped; the message says where they were."""
+
+    def __init__(self, timeout_s, stacks):
+        where = "\n".join(f"process {rank}:\n{text.strip()}" for rank, text in sorted(stacks.items()))
+        super().__init__(f"the worker processes were still running after {timeout_s} s and were stopped. "
+                         f"A process waiting for a collective that another never joins looks like this.\n{where}")
+        self.stacks = stacks
 
 
 def is_peer_failure(traceback_text):

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers.local_sgd import RunConfig, WorkerFailedError, launch, train_worker, validate_local_sgd_steps
+from helpers.local_sgd import (RunConfig, WorkerFailedError, WorkerTimeoutError, finish_worker, launch, run_in_processes,
+                               train_worker, validate_local_sgd_steps)
 from helpers.models import build_model
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -134,3 +135,35 @@ def test_a_dead_loopback_interface_fails_fast_with_the_fix(monkeypatch):
     monkeypatch.setattr(local_sgd.socket, "create_connection", unreachable)
     with pytest.raises(RuntimeError, match="ip link set lo up"):
         launch([RunConfig("DDP", optimizer_steps=2)], num_processes=2)
+
+
+def sleeps_forever(results_path):
+    time.sleep(3600)
+
+
+def test_workers_that_never_finish_are_stopped_and_say_where_they_were():
+    start = time.perf_counter()
+    with pytest.raises(WorkerTimeoutError) as caught:
+        run_in_processes(sleeps_forever, (), timeout_s=5)
+    assert time.perf_counter() - start < 60
+    assert "sleeps_forever" in str(caught.value) and "process 0" in str(caught.value)
+
+
+def makes_a_progress_bar(results_path):
+    from accelerate import Accelerator
+    from tqdm import tqdm
+
+    accelerator = Accelerator(cpu=True)
+    for _ in tqdm(range(3), disable=True):  # creating a bar takes tqdm's lock, even when it shows nothing
+        pass
+    if accelerator.is_main_process:
+        Path(results_path).write_text(json.dumps({"ok": True}))
+    finish_worker(accelerator)
+
+
+def test_a_progress_bar_in_a_worker_does_not_wait_for_the_notebooks_tqdm_lock():
+    # tqdm's lock is a semaphore that fork shares with the parent; workers get locks of their own
+    from tqdm import tqdm
+
+    with tqdm.get_lock():  # held here, as tqdm's monitor thread holds it now and then
+        assert run_in_processes(makes_a_progress_bar, (), timeout_s=60) == {"ok": True}

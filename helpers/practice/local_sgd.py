@@ -12,12 +12,13 @@ from pathlib import Path
 
 import torch
 
-from helpers.local_sgd import (CollectiveCounter, WorkerFailedError, count_ddp, run_in_processes, traceback_path,
-                               weight_gap)
+from helpers.local_sgd import (CollectiveCounter, WorkerFailedError, WorkerTimeoutError, count_ddp, finish_worker,
+                               run_in_processes, traceback_path, weight_gap)
 from helpers.practice import NotDone, Wrong, call_learner, checker, is_unfinished, require_callable
 
 MICRO_BATCH_SIZE = 16  # per process
 COLLECTIVE_TIMEOUT_S = 60  # a loop that leaves one process waiting fails within a minute, never hangs
+LAUNCH_TIMEOUT_S = 180  # the whole check; a normal one takes about 5 s
 
 
 def expected_rounds(local_sgd_steps_calls, local_sgd_steps):
@@ -67,14 +68,14 @@ def practice_worker(loops, micro_batches, gradient_accumulation_steps, results_p
                         "final_gap": weight_gap(accelerator, model, counter)})
     if accelerator.is_main_process:
         Path(results_path).write_text(json.dumps({"processes": accelerator.num_processes, "runs": results}))
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
+    finish_worker(accelerator)
 
 
 def measure_loops(loops, micro_batches, gradient_accumulation_steps=1):
     """Run each ``loop(accelerator, model, optimizer, dataloader)`` on 2 processes; what each communicated."""
     with contextlib.redirect_stdout(io.StringIO()):  # the launcher's "Launching training on 2 CPUs."
-        results = run_in_processes(practice_worker, (list(loops), micro_batches, gradient_accumulation_steps))
+        results = run_in_processes(practice_worker, (list(loops), micro_batches, gradient_accumulation_steps),
+                                   timeout_s=LAUNCH_TIMEOUT_S)
     for run in results["runs"]:
         run["rounds"] = run["all_reduce_bytes"] / run["parameter_bytes"]
     return results["runs"]
@@ -92,6 +93,10 @@ def measure_learner_loop(loop, name, micro_batches, gradient_accumulation_steps=
         else:
             hint = "compare your loop with lesson 3's, line by line; both processes must run the same steps."
         raise Wrong(f"{name} failed in a worker process with {last_line}. Hint: {hint}") from None
+    except WorkerTimeoutError:
+        raise Wrong(f"{name} had not finished after {LAUNCH_TIMEOUT_S} s, so the check stopped it. Hint: both "
+                    "processes must run the same steps; one that skips a local_sgd.step() or a backward leaves "
+                    "the other waiting for it.") from None
 
 
 def steps_text(steps):
