@@ -209,7 +209,7 @@ def test_2_2_rejects_typical_arithmetic(answers, fragment):
 
 def test_2_2_is_measured_not_assumed():
     # the check's truth comes from a real Trainer step: 16 x 4 examples with these arguments
-    assert l2.examples_seen_in_one_optimizer_step(l2.lesson_arguments()) == 64
+    assert l2.examples_seen_in_one_optimizer_step(l2.MICRO_BATCH_SIZE, l2.ACCUMULATION) == 64
 
 
 def set_and_return(model):

@@ -138,7 +138,3 @@ def whole_number(value, name):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
         raise Wrong(f"{name} should be a whole number, but it is {value!r}.")
     return int(value)
-
-
-def plural(n, word):
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"

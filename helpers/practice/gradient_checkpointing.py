@@ -8,7 +8,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 from helpers.memory import count_ops, measure_memory
 from helpers.practice import Wrong, call_learner, checker, require_callable, require_done, whole_number
 
-KiB = 2**10
+KiB, MiB = 2**10, 2**20
 SAVE_POLICIES = (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE)
 
 
@@ -185,19 +185,18 @@ def check_checkpointed_forward(checkpointed_forward):
     if any(g is None for g in grads) or not all(torch.allclose(g, r, atol=1e-6) for g, r in zip(grads, reference_grads)):
         raise Wrong("the blocks' gradients differ from those without checkpointing. Hint: "
                     "checkpoint(block, h, use_reentrant=False) recomputes the same values; do not detach h.")
-    mib = 2**20
     if yours.saved_bytes >= 0.9 * without.saved_bytes:
-        raise Wrong(f"it kept {yours.saved_bytes / mib:.2f} MiB for backward, as much as without checkpointing "
-                    f"({without.saved_bytes / mib:.2f} MiB). Hint: wrap each call block(h) in "
+        raise Wrong(f"it kept {yours.saved_bytes / MiB:.2f} MiB for backward, as much as without checkpointing "
+                    f"({without.saved_bytes / MiB:.2f} MiB). Hint: wrap each call block(h) in "
                     "checkpoint(block, h, use_reentrant=False).")
     if yours.peak_activation_bytes > 1.1 * reference.peak_activation_bytes:
-        raise Wrong(f"it kept only {yours.saved_bytes / mib:.2f} MiB after forward, but the peak during backward "
-                    f"was {yours.peak_activation_bytes / mib:.2f} MiB against {reference.peak_activation_bytes / mib:.2f} "
+        raise Wrong(f"it kept only {yours.saved_bytes / MiB:.2f} MiB after forward, but the peak during backward "
+                    f"was {yours.peak_activation_bytes / MiB:.2f} MiB against {reference.peak_activation_bytes / MiB:.2f} "
                     "MiB with one checkpoint per block: a region of several blocks is recomputed all at once. "
                     "Hint: give each block its own checkpoint.")
-    return (f"kept for backward {yours.saved_bytes / mib:.2f} MiB instead of {without.saved_bytes / mib:.2f} MiB "
-            f"(only the blocks' inputs); peak activations {yours.peak_activation_bytes / mib:.2f} MiB instead of "
-            f"{without.peak_activation_bytes / mib:.2f} MiB; the gradients are identical.")
+    return (f"kept for backward {yours.saved_bytes / MiB:.2f} MiB instead of {without.saved_bytes / MiB:.2f} MiB "
+            f"(only the blocks' inputs); peak activations {yours.peak_activation_bytes / MiB:.2f} MiB instead of "
+            f"{without.peak_activation_bytes / MiB:.2f} MiB; the gradients are identical.")
 
 
 def tiny_batch(seed=0):
@@ -220,10 +219,9 @@ def check_switch_on_checkpointing(switch_on_checkpointing):
         call_learner(switch_on_checkpointing, model, name="switch_on_checkpointing")
         model.train()
         after = measure_memory(lambda: model(**batch).loss)
-    mib = 2**20
     if after.saved_bytes >= 0.9 * before.saved_bytes:
-        raise Wrong(f"nothing changed: {before.saved_bytes / mib:.2f} MiB kept for backward before your call, "
-                    f"{after.saved_bytes / mib:.2f} MiB after. Setting an attribute (on the model or its config) "
+        raise Wrong(f"nothing changed: {before.saved_bytes / MiB:.2f} MiB kept for backward before your call, "
+                    f"{after.saved_bytes / MiB:.2f} MiB after. Setting an attribute (on the model or its config) "
                     "does not switch checkpointing on. Hint: call the model's method that enables it.")
     grads = [p.grad for p in model.parameters()]
     if any(g is None for g in grads) or not all(torch.allclose(g, r, atol=1e-6) for g, r in zip(grads, reference)):
@@ -232,5 +230,5 @@ def check_switch_on_checkpointing(switch_on_checkpointing):
     if any("gradient_checkpointing_enable" in str(w.message) for w in caught):
         note = (" Note: gradient_checkpointing_enable() is the deprecated name (Transformers 5.23 and later); "
                 "prefer activation_checkpointing_enable().")
-    return (f"kept for backward {before.saved_bytes / mib:.2f} MiB before, {after.saved_bytes / mib:.2f} MiB after "
+    return (f"kept for backward {before.saved_bytes / MiB:.2f} MiB before, {after.saved_bytes / MiB:.2f} MiB after "
             f"({before.saved_bytes / after.saved_bytes:.1f}x less), with identical gradients.{note}")

@@ -5,12 +5,15 @@ import warnings
 
 import torch
 
+from helpers.local_sgd import flat_parameters
 from helpers.practice import Wrong, call_learner, checker, require_callable, require_done, whole_number
 
 # The checks' Trainer and Accelerator use the GPU when there is one, as the lessons do: a Trainer with
 # use_cpu=True after the learner's own GPU Accelerator would be refused by Accelerate.
 ON_CPU = not torch.cuda.is_available()
 TOLERANCE = 1e-5 if ON_CPU else 1e-4  # weights compared on the CPU, after training on either device
+
+MICRO_BATCH_SIZE, ACCUMULATION = 16, 4  # what exercises 2.1 and 2.2 ask for
 
 ARGUMENT_HINTS = [
     ("evaluation_strategy", "Transformers renamed evaluation_strategy to eval_strategy."),
@@ -42,11 +45,11 @@ def check_training_arguments(make_training_args):
     problems = []
     if value_of(args.eval_strategy) != "epoch":
         problems.append(f'evaluation runs "{value_of(args.eval_strategy)}", not every epoch (eval_strategy="epoch")')
-    if args.per_device_train_batch_size != 16:
-        problems.append(f"the micro-batch has {args.per_device_train_batch_size} examples, not 16 "
+    if args.per_device_train_batch_size != MICRO_BATCH_SIZE:
+        problems.append(f"the micro-batch has {args.per_device_train_batch_size} examples, not {MICRO_BATCH_SIZE} "
                         "(per_device_train_batch_size)")
-    if args.gradient_accumulation_steps != 4:
-        problems.append(f"{args.gradient_accumulation_steps} micro-batches are accumulated, not 4 "
+    if args.gradient_accumulation_steps != ACCUMULATION:
+        problems.append(f"{args.gradient_accumulation_steps} micro-batches are accumulated, not {ACCUMULATION} "
                         "(gradient_accumulation_steps)")
     if not checkpointing_on(args):
         problems.append("checkpointing is off (activation_checkpointing=True)")
@@ -59,8 +62,8 @@ def check_training_arguments(make_training_args):
             f"activation checkpointing on.{note}")
 
 
-def examples_seen_in_one_optimizer_step(args):
-    """Train 1 optimizer step with ``args``' batch settings and count the examples the model saw (measured)."""
+def examples_seen_in_one_optimizer_step(micro_batch_size, accumulation):
+    """Train 1 optimizer step with these batch settings and count the examples the model saw (measured)."""
     from transformers import DataCollatorWithPadding, Trainer, TrainingArguments
 
     from helpers.data import load_tokenized
@@ -71,8 +74,8 @@ def examples_seen_in_one_optimizer_step(args):
     model.accepts_loss_kwargs = False
     seen = []  # rows of every training forward pass
     model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(len(kwargs["input_ids"])), with_kwargs=True)
-    one_step = TrainingArguments(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=args.per_device_train_batch_size,
-                                 gradient_accumulation_steps=args.gradient_accumulation_steps, max_steps=1,
+    one_step = TrainingArguments(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=micro_batch_size,
+                                 gradient_accumulation_steps=accumulation, max_steps=1,
                                  report_to="none", save_strategy="no", disable_tqdm=True, use_cpu=ON_CPU,
                                  logging_strategy="no")
     trainer = Trainer(model=model, args=one_step, train_dataset=tokenized["train"].select(range(256)),
@@ -89,17 +92,9 @@ def quiet(trainer):
     return trainer
 
 
-def optimizer_steps_per_epoch(args, n_examples):
+def optimizer_steps_per_epoch(n_examples, micro_batch_size, accumulation):
     """Trainer's count: micro-batches per epoch over the accumulation steps, a last partial step included."""
-    micro_batches = math.ceil(n_examples / args.per_device_train_batch_size)
-    return math.ceil(micro_batches / args.gradient_accumulation_steps)
-
-
-def lesson_arguments():
-    from transformers import TrainingArguments
-
-    return TrainingArguments(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=16,
-                             gradient_accumulation_steps=4, report_to="none", logging_strategy="no")
+    return math.ceil(math.ceil(n_examples / micro_batch_size) / accumulation)
 
 
 @checker("2.2")
@@ -110,10 +105,9 @@ def check_batch_arithmetic(examples_per_optimizer_step, optimizer_steps_per_epoc
     require_done([examples_per_optimizer_step, optimizer_steps_per_epoch_answer], "both answers", "a whole number")
     effective = whole_number(examples_per_optimizer_step, "examples_per_optimizer_step")
     steps = whole_number(optimizer_steps_per_epoch_answer, "optimizer_steps_per_epoch")
-    args = lesson_arguments()
     n_examples = load_paraphrase_dataset()["train"].num_rows  # 4000
-    measured = examples_seen_in_one_optimizer_step(args)
-    expected_steps = optimizer_steps_per_epoch(args, n_examples)
+    measured = examples_seen_in_one_optimizer_step(MICRO_BATCH_SIZE, ACCUMULATION)
+    expected_steps = optimizer_steps_per_epoch(n_examples, MICRO_BATCH_SIZE, ACCUMULATION)
     if effective != measured:
         hint = {16: "that is one micro-batch; one optimizer step accumulates the gradients of 4 of them.",
                 4: "that is the number of micro-batches; how many examples does each hold?"}.get(
@@ -121,10 +115,10 @@ def check_batch_arithmetic(examples_per_optimizer_step, optimizer_steps_per_epoc
         raise Wrong(f"one optimizer step used {measured} examples (counted in a real Trainer step), not {effective}. "
                     f"Hint: {hint}")
     if steps != expected_steps:
-        micro_batches = math.ceil(n_examples / args.per_device_train_batch_size)
+        micro_batches = math.ceil(n_examples / MICRO_BATCH_SIZE)
         if steps == micro_batches:
             hint = "that is the number of micro-batches; the optimizer steps once every 4 of them."
-        elif steps == micro_batches // args.gradient_accumulation_steps:
+        elif steps == micro_batches // ACCUMULATION:
             hint = (f"{micro_batches} micro-batches do not divide by 4: Trainer takes one more, smaller step with "
                     "the micro-batches left over at the end of the epoch.")
         else:
@@ -200,7 +194,7 @@ def accumulation_run(loop, gradient_accumulation_steps=2):
     model, optimizer, micro_batches = accelerator.prepare(model, optimizer, micro_batches)
     loop(accelerator, model, optimizer, micro_batches)
     model = accelerator.unwrap_model(model)
-    return torch.cat([p.detach().cpu().reshape(-1) for p in model.parameters()]), len(steps)
+    return flat_parameters(model).cpu(), len(steps)
 
 
 def reference_weights():
@@ -214,7 +208,7 @@ def reference_weights():
         model(**batch).loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return flat_parameters(model)
 
 
 def mistaken_loop(plain_backward=False, no_accumulate=False, no_zero_grad=False):
