@@ -338,7 +338,7 @@ def run_in_processes(worker, worker_args, num_processes=2, port=29500, timeout_s
         failure = None
         watchdog = Watchdog(timeout_s)
         try:
-            with patch_environment(omp_num_threads=threads), _quiet_launcher_logs(), watchdog:
+            with patch_environment(omp_num_threads=threads), _quiet_launcher_logs(), watchdog, _frozen_at_fork():
                 notebook_launcher(record_errors(forked(worker)), args=(*worker_args, str(results_path)),
                                   num_processes=num_processes, use_port=str(port))
         except ChildFailedError as error:
@@ -368,6 +368,38 @@ def _quiet_launcher_logs():
     finally:
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
+
+
+_freeze_at_fork = False
+
+
+def _freeze_before_fork():
+    if _freeze_at_fork:
+        gc.freeze()  # the child inherits these objects as permanent: its collector never frees them
+
+
+def _unfreeze_in_parent():
+    if _freeze_at_fork:
+        gc.unfreeze()
+
+
+@contextlib.contextmanager
+def _frozen_at_fork():
+    """While active, a worker's garbage collector never frees objects it inherited from this process.
+
+    The launcher makes objects (its rendezvous store among them) between our gc.collect() and the
+    fork; freed in a worker, a store's destructor waits for a thread that only exists here, and the
+    worker hangs in its own rendezvous. gc.freeze() before the fork is what Python's gc docs advise.
+    """
+    global _freeze_at_fork
+    if not getattr(_frozen_at_fork, "registered", False):
+        os.register_at_fork(before=_freeze_before_fork, after_in_parent=_unfreeze_in_parent)
+        _frozen_at_fork.registered = True
+    _freeze_at_fork = True
+    try:
+        yield
+    finally:
+        _freeze_at_fork = False
 
 
 class Watchdog:
