@@ -41,14 +41,14 @@ execute: $(INSTALLED)
 	done
 
 bench: $(INSTALLED)
-	$(PY) tests/bench.py $(NOTEBOOKS)
+	$(PY) tools/bench.py $(NOTEBOOKS)
 
 data: $(INSTALLED)
 	$(PY) data/make_data.py
 
-# Static reveal.js decks of the lessons, in build/slides (git-ignored); see tests/build_slides.py.
+# Static reveal.js decks of the lessons, in build/slides (git-ignored); see tools/build_slides.py.
 slides: $(INSTALLED)
-	$(PY) tests/build_slides.py
+	$(PY) tools/build_slides.py
 
 clean:
 	rm -rf build .pytest_cache

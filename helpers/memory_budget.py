@@ -1,6 +1,5 @@
 """Training memory per parameter: weights, gradients, optimizer state, plus activations (lesson 04)."""
-
-MiB = 2**20
+from helpers.units import MiB
 
 
 def training_memory(n_parameters, state_bytes_per_parameter, weight_bytes=4, gradient_bytes=4,

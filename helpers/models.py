@@ -19,6 +19,9 @@ def model_config(size="tiny", num_labels=2):
 
     if size not in MODEL_CONFIG_DIRS:
         raise ValueError(f"unknown model size {size!r}; valid sizes are: {', '.join(MODEL_CONFIG_DIRS)}")
+    if not isinstance(num_labels, int) or isinstance(num_labels, bool) or num_labels < 1:
+        raise ValueError(f"num_labels must be an integer >= 1 (the number of classes; 2 for paraphrase "
+                         f"or not), got {num_labels!r}")
     folder = MODEL_CONFIG_DIRS[size]
     if not (folder / "config.json").exists():
         raise FileNotFoundError(
@@ -37,14 +40,23 @@ def build_model(size="tiny", num_labels=2, seed=0, pretrained=False, cache_dir=N
     config = model_config(size, num_labels)
     if pretrained:
         return _load_pretrained(size, num_labels, cache_dir)
-    torch.manual_seed(seed)
-    return AutoModelForSequenceClassification.from_config(config)
+    # Seed a fork of the CPU generator only: the weights are made on the CPU, the learner's
+    # random numbers continue as if nothing ran, and the GPU is not touched (CUDA state cannot
+    # be read in a process forked from one that used CUDA, like lesson 03's workers).
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(seed)
+        return AutoModelForSequenceClassification.from_config(config)
 
 
 def count_parameters(model):
     """(number of parameters, number of parameter tensors) of ``model``."""
     parameters = list(model.parameters())
     return sum(p.numel() for p in parameters), len(parameters)
+
+
+def flat_parameters(model):
+    """Every parameter of ``model`` in one 1-D tensor (detached), to compare two models' weights at once."""
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
 def _hub_reachable(timeout_s=3.0):

@@ -1,11 +1,14 @@
-"""The course's figures. Each function takes data and returns a matplotlib Figure.
+"""The course's figures, one function each (from lesson 01 on). Each takes data and returns a matplotlib Figure.
 
-No function here saves a file or changes global matplotlib settings.
+No function here saves a file or changes global matplotlib settings. Each one checks its
+input first, so that a mistake gets a sentence instead of a traceback from inside matplotlib.
 """
 import math
 
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch
+
+from helpers.units import GiB, MiB
 
 HIGHLIGHT, MUTED = "#d95f02", "#bdbdbd"
 STATUS_COLOURS = {  # used by the recompute-graph figure
@@ -14,6 +17,25 @@ STATUS_COLOURS = {  # used by the recompute-graph figure
     "recomputed": "#d95f02",
     "not kept": "#ffffff",
 }
+
+
+def _require_some(values, name, what):
+    if len(values) == 0:  # len, not truth: a tensor or an array of values has no single truth value
+        raise ValueError(f"{name} is empty: pass at least one {what}")
+
+
+def _require_rows(rows, name, keys):
+    _require_some(rows, name, "row")
+    for i, row in enumerate(rows):
+        missing = [key for key in keys if key not in row]
+        if missing:
+            raise ValueError(f"{name}[{i}] lacks {', '.join(map(repr, missing))}; every row needs "
+                             f"{', '.join(map(repr, keys))}")
+
+
+def _require_positive_int(value, name):
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 def three_levers_figure(highlight="memory"):
@@ -52,11 +74,17 @@ def recompute_graph_figure(statuses_by_mode, labels=None):
     'input', 'kept' (held for backward), 'recomputed' (ran again in backward), 'not kept'.
     ``labels`` optionally maps a node to the text drawn in it.
     """
+    _require_some(statuses_by_mode, "statuses_by_mode", "mode name mapped to {node: status}")
+    labels = labels or {}
+    for where, nodes in [("labels", labels), *statuses_by_mode.items()]:
+        unknown = set(nodes) - set(GRAPH_LAYOUT)
+        if unknown:
+            raise ValueError(f"{where}: unknown node {sorted(unknown)}; "
+                             f"the graph's nodes are {', '.join(GRAPH_LAYOUT)}")
     for mode, statuses in statuses_by_mode.items():
         unknown = {s for s in statuses.values() if s not in STATUS_COLOURS}
         if unknown:
             raise ValueError(f"{mode}: unknown status {unknown}; use one of {', '.join(STATUS_COLOURS)}")
-    labels = labels or {}
     fig = Figure(figsize=(4.2 * len(statuses_by_mode), 3.2))
     axes = fig.subplots(1, len(statuses_by_mode), squeeze=False)[0]
     for ax, (mode, statuses) in zip(axes, statuses_by_mode.items()):
@@ -86,6 +114,9 @@ def memory_time_tradeoff_figure(rows, reference_blocks=None):
     ``reference_blocks`` = n, Chen et al. 2016's sqrt(n) memory at about one extra forward
     pass (time x 4/3, a forward being about a third of forward + backward) is drawn too.
     """
+    _require_rows(rows, "rows", ("name", "peak_activation_mib", "time_ratio"))
+    if reference_blocks is not None:
+        _require_positive_int(reference_blocks, "reference_blocks (the number of checkpointable blocks)")
     fig = Figure(figsize=(6.5, 4))
     ax = fig.add_subplot()
     for row in rows:
@@ -112,9 +143,13 @@ def ease_versus_customisability_figure(lines_written, customisability):
     ``lines_written`` maps a name to the lines of code it took; ``customisability`` maps the
     same names to 1 (through arguments and callbacks) or 2 (you write the loop).
     """
+    _require_some(lines_written, "lines_written", "way to train mapped to its lines of code")
     missing = set(lines_written) ^ set(customisability)
     if missing:
         raise ValueError(f"lines_written and customisability must name the same ways to train; differ in {missing}")
+    other = {name: level for name, level in customisability.items() if level not in (1, 2)}
+    if other:
+        raise ValueError(f"customisability must be 1 (arguments and callbacks) or 2 (your own loop), got {other}")
     fig = Figure(figsize=(6.5, 4))
     ax = fig.add_subplot()
     for i, (name, lines) in enumerate(lines_written.items()):
@@ -135,8 +170,15 @@ def sync_timeline_figure(events_by_run, last_step=24):
     """Lesson 03: one timeline per worker and run; a mark where the worker communicated.
 
     ``events_by_run`` maps a run name to its per-worker event lists, each event
-    (optimizer step, seconds, collective name, payload bytes) as the worker logged it.
+    a dict with "step", "seconds", "collective" and "bytes", as helpers.collectives logs it.
     """
+    _require_some(events_by_run, "events_by_run", "run name mapped to its per-worker event lists")
+    _require_positive_int(last_step, "last_step")
+    for run, events_by_rank in events_by_run.items():
+        _require_some(events_by_rank, f"events_by_run[{run!r}]", "worker's event list")
+        for rank, events in enumerate(events_by_rank):
+            if events:  # a worker that never communicated has an empty list, and that is fine
+                _require_rows(events, f"events_by_run[{run!r}][{rank}]", ("step", "collective"))
     fig = Figure(figsize=(9, 1.3 + 1.1 * len(events_by_run)))
     axes = fig.subplots(len(events_by_run), 1, squeeze=False)[:, 0]
     for ax, (run, events_by_rank) in zip(axes, events_by_run.items()):
@@ -144,7 +186,7 @@ def sync_timeline_figure(events_by_run, last_step=24):
             y = len(events_by_rank) - 1 - rank
             ax.broken_barh([(s - 0.95, 0.9) for s in range(1, last_step + 1)], (y - 0.15, 0.3),
                            facecolors="#c6dbef")  # local computation, one block per step
-            synced = sorted({e[0] for e in events if e[2] != "barrier" and e[0] <= last_step})
+            synced = sorted({e["step"] for e in events if e["collective"] != "barrier" and e["step"] <= last_step})
             ax.scatter(synced, [y] * len(synced), marker="|", s=500, c=HIGHLIGHT, zorder=3)
         ax.set_yticks(range(len(events_by_rank)), [f"worker {r}" for r in reversed(range(len(events_by_rank)))])
         ax.set_xlim(0, last_step + 0.5)
@@ -156,7 +198,12 @@ def sync_timeline_figure(events_by_run, last_step=24):
 
 
 def weight_gap_figure(gaps, local_sgd_steps):
-    """Lesson 03: largest weight difference between workers after each step, syncs marked."""
+    """Lesson 03: largest weight difference between workers after each step, syncs marked.
+
+    ``gaps`` is a list of (optimizer step, gap) pairs; every ``local_sgd_steps``-th step is marked.
+    """
+    _require_some(gaps, "gaps", "(step, gap) pair")
+    _require_positive_int(local_sgd_steps, "local_sgd_steps")
     fig = Figure(figsize=(7, 3))
     ax = fig.add_subplot()
     steps, values = zip(*gaps)
@@ -172,11 +219,13 @@ def weight_gap_figure(gaps, local_sgd_steps):
 
 def communication_sweep_figure(rows, ddp_row):
     """Lesson 03: bytes communicated and validation loss against Local SGD's k, DDP as reference."""
+    _require_rows(rows, "rows", ("k", "bytes", "val_loss"))
+    _require_rows([ddp_row], "ddp_row", ("bytes", "val_loss"))
     fig = Figure(figsize=(10, 3.6))
     ax_bytes, ax_loss = fig.subplots(1, 2)
     ks = [r["k"] for r in rows]
-    ax_bytes.plot(ks, [r["bytes"] / 2**20 for r in rows], marker="o", label="Local SGD")
-    ax_bytes.axhline(ddp_row["bytes"] / 2**20, color=MUTED, ls="--", label="DDP (every step)")
+    ax_bytes.plot(ks, [r["bytes"] / MiB for r in rows], marker="o", label="Local SGD")
+    ax_bytes.axhline(ddp_row["bytes"] / MiB, color=MUTED, ls="--", label="DDP (every step)")
     ax_bytes.set_yscale("log")
     ax_bytes.set_ylabel("MiB sent per process")
     ax_loss.plot(ks, [r["val_loss"] for r in rows], marker="o", label="Local SGD")
@@ -192,13 +241,19 @@ def communication_sweep_figure(rows, ddp_row):
     return fig
 
 
-def optimizer_tradeoff_figure(rows, state_budget_bytes=2**30):
+def optimizer_tradeoff_figure(rows, state_budget_bytes=GiB):
     """Lesson 04: optimizers placed by measured state bytes per parameter and state precision.
 
     ``rows``: dicts with 'name', 'bytes_per_parameter' (measured) and 'state_bits' (the
     precision each state value is stored in). The x axis shows how many parameters fit
     when the optimizer state may use ``state_budget_bytes``.
     """
+    _require_rows(rows, "rows", ("name", "bytes_per_parameter", "state_bits"))
+    not_positive = [row["name"] for row in rows if not row["bytes_per_parameter"] > 0]
+    if not_positive:
+        raise ValueError(f"bytes_per_parameter must be > 0 (a measured size), but is not for {not_positive}")
+    if not state_budget_bytes > 0:
+        raise ValueError(f"state_budget_bytes must be > 0, got {state_budget_bytes!r}")
     fig = Figure(figsize=(7, 4))
     ax = fig.add_subplot()
     for row in rows:
@@ -207,7 +262,7 @@ def optimizer_tradeoff_figure(rows, state_budget_bytes=2**30):
         ax.annotate(f"{row['name']}\n{row['bytes_per_parameter']:.2f} B/param", (affordable, row["state_bits"]),
                     textcoords="offset points", xytext=(8, 4))
     ax.set_xscale("log")
-    ax.set_xlabel(f"parameters whose optimizer state fits in {state_budget_bytes / 2**30:.0f} GiB (log)")
+    ax.set_xlabel(f"parameters whose optimizer state fits in {state_budget_bytes / GiB:.0f} GiB (log)")
     ax.set_ylabel("bits per stored state value")
     ax.set_ylim(0, 40)
     ax.set_xlim(left=min(state_budget_bytes / r["bytes_per_parameter"] for r in rows) / 3,
@@ -218,6 +273,10 @@ def optimizer_tradeoff_figure(rows, state_budget_bytes=2**30):
 
 def ema_figure(gradients, exp_avg, exp_avg_sq):
     """Lesson 04: a noisy gradient stream and AdamW's two moving averages of it."""
+    _require_some(gradients, "gradients", "gradient value")
+    if not len(gradients) == len(exp_avg) == len(exp_avg_sq):
+        raise ValueError(f"gradients, exp_avg and exp_avg_sq need one value per step each, got lengths "
+                         f"{len(gradients)}, {len(exp_avg)} and {len(exp_avg_sq)}")
     fig = Figure(figsize=(8, 3.4))
     ax_first, ax_second = fig.subplots(1, 2)
     steps = range(1, len(gradients) + 1)
@@ -241,6 +300,13 @@ def memory_grid_figure(states, columns=16):
     import numpy as np
 
     colormaps = ["Blues", "Oranges", "Greens", "Purples"]
+    _require_some(states, "states", "state name mapped to its values")
+    if len(states) > len(colormaps):
+        raise ValueError(f"at most {len(colormaps)} states can be told apart by colour, got {len(states)}")
+    _require_positive_int(columns, "columns")
+    for name, values in states.items():
+        if len(values) == 0 or len(values) % columns:
+            raise ValueError(f"{name!r} has {len(values)} values; pass a non-zero multiple of columns={columns}")
     fig = Figure(figsize=(8, 1.1 + 0.9 * len(states)))
     axes = fig.subplots(len(states), 1, squeeze=False)[:, 0]
     for ax, (name, values), cmap in zip(axes, states.items(), colormaps):

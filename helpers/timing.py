@@ -7,8 +7,11 @@ import torch
 
 def median_seconds(step_fn, repeats=5, warmup=1):
     """Median wall time of ``step_fn()`` over ``repeats`` runs, after ``warmup`` untimed runs."""
-    if repeats < 1:
-        raise ValueError(f"repeats must be at least 1, got {repeats!r}")
+    for name, value, least in (("repeats", repeats, 1), ("warmup", warmup, 0)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise ValueError(f"{name} must be an integer >= {least} (a number of runs), got {value!r}")
+    if not callable(step_fn):
+        raise TypeError(f"step_fn must be a function to call, like lambda: model(x), got {step_fn!r}")
     for _ in range(warmup):
         step_fn()
     times = []

@@ -1,11 +1,24 @@
-"""Evaluation shared by the training lessons (introduced in lesson 02, used again in 03 and 04)."""
+"""Training settings, a short Trainer run and evaluation, shared by the training lessons (introduced in lesson 02,
+used again in 03 and 04) and their practice checks."""
+import contextlib
+import random
+import tempfile
+
 import numpy as np
 import torch
-from sklearn.metrics import accuracy_score, f1_score
+
+# The tiny DistilBERT's training settings, shared by lessons 02 and 03 and their practice checks.
+LEARNING_RATE = 3e-3  # high, as a tiny model trained from scratch likes it
+WARMUP_SHARE = 0.1  # share of the optimizer steps with a rising learning rate
+# Lesson 02's Trainer batches (the slide's), which its exercises 2.1 and 2.2 ask for too.
+MICRO_BATCH_SIZE = 16  # examples in one forward + backward
+TRAINER_ACCUMULATION = 4  # micro-batches per optimizer step (gradient_accumulation_steps)
 
 
 def compute_metrics(eval_prediction):
     """Trainer's ``compute_metrics``: accuracy and F1 (of the paraphrase class) with scikit-learn."""
+    from sklearn.metrics import accuracy_score, f1_score  # on first use: its import draws from `random`
+
     logits, labels = eval_prediction.predictions, eval_prediction.label_ids
     predictions = np.argmax(logits, axis=-1)
     return {"accuracy": accuracy_score(labels, predictions), "f1": f1_score(labels, predictions)}
@@ -14,6 +27,8 @@ def compute_metrics(eval_prediction):
 @torch.no_grad()
 def evaluate(model, dataloader, device=None):
     """Mean loss, accuracy and F1 of ``model`` over ``dataloader``, in evaluation mode."""
+    from sklearn.metrics import accuracy_score, f1_score
+
     was_training = model.training
     model.eval()
     losses, predictions, labels = [], [], []
@@ -27,3 +42,37 @@ def evaluate(model, dataloader, device=None):
     predictions, labels = torch.cat(predictions).numpy(), torch.cat(labels).numpy()
     return {"loss": sum(losses) / len(labels), "accuracy": accuracy_score(labels, predictions),
             "f1": f1_score(labels, predictions)}
+
+
+def first_logged_losses(model, train_dataset, tokenizer, steps, micro_batch_size, accumulation, **arguments):
+    """Train ``model`` with Trainer for ``steps`` optimizer steps and return the training loss it logged at each.
+
+    Each optimizer step accumulates ``accumulation`` micro-batches of ``micro_batch_size`` examples;
+    ``arguments`` are further TrainingArguments (learning_rate, seed, use_cpu, ...). Trainer shows no
+    progress bar and prints no logs: the caller prints what it needs.
+    """
+    from transformers import DataCollatorWithPadding, Trainer, TrainingArguments
+    from transformers.trainer_callback import PrinterCallback
+
+    args = TrainingArguments(output_dir=tempfile.mkdtemp(), max_steps=steps, logging_steps=1,
+                             per_device_train_batch_size=micro_batch_size, gradient_accumulation_steps=accumulation,
+                             save_strategy="no", report_to="none", disable_tqdm=True, **arguments)
+    with global_random_state_kept():  # Trainer seeds the global generators; the caller's random numbers stay theirs
+        trainer = Trainer(model=model, args=args, train_dataset=train_dataset,
+                          data_collator=DataCollatorWithPadding(tokenizer))
+        trainer.remove_callback(PrinterCallback)  # without a progress bar, Trainer would print every log
+        trainer.train()
+    return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+
+
+@contextlib.contextmanager
+def global_random_state_kept():
+    """Put the global random generators (Python's, NumPy's, PyTorch's on CPU and GPU) back when the block ends."""
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    gpus = list(range(torch.cuda.device_count()))  # named, so that fork_rng does not warn about several GPUs
+    try:
+        with torch.random.fork_rng(devices=gpus):
+            yield
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)

@@ -1,18 +1,14 @@
-"""Lesson 03's Local SGD worker: real processes, counted communication, and its failure modes."""
+"""Lesson 03's training: DDP and Local SGD on real processes, what they send, and the script form."""
 import json
-import socket
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 
-from helpers.local_sgd import (RunConfig, WorkerFailedError, WorkerTimeoutError, finish_worker, launch, run_in_processes,
-                               train_worker, validate_local_sgd_steps)
+from helpers.local_sgd import RunConfig, launch, train_worker, validate_local_sgd_steps
 from helpers.models import build_model
+from helpers.paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 STEPS = 8
 
 
@@ -25,7 +21,9 @@ def parameter_sizes():
 @pytest.fixture(scope="module")
 def short_runs():
     return launch([RunConfig("DDP", optimizer_steps=STEPS),
-                   RunConfig("k=4", local_sgd_steps=4, optimizer_steps=STEPS)], num_processes=2)
+                   RunConfig("k=4", local_sgd_steps=4, optimizer_steps=STEPS, track_drift=True),
+                   RunConfig("k=4, accumulation 2", local_sgd_steps=4, optimizer_steps=STEPS,
+                             gradient_accumulation_steps=2)], num_processes=2)
 
 
 @pytest.mark.parametrize("good", [None, 1, 8])
@@ -40,54 +38,65 @@ def test_invalid_local_sgd_steps_get_a_clear_error(bad, error):
         RunConfig("bad", local_sgd_steps=bad)
 
 
+@pytest.mark.parametrize("field", ["optimizer_steps", "micro_batch_size", "gradient_accumulation_steps"])
+@pytest.mark.parametrize("bad", [0, -1, 1.5])
+def test_counts_in_a_config_must_be_whole_numbers(field, bad):
+    with pytest.raises(ValueError, match=field):
+        RunConfig("bad", **{field: bad})
+
+
 def test_two_processes_really_train(short_runs):
     assert short_runs["processes"] == 2
-    assert [run["config"]["name"] for run in short_runs["runs"]] == ["DDP", "k=4"]
+    assert [run["config"]["name"] for run in short_runs["runs"]] == ["DDP", "k=4", "k=4, accumulation 2"]
 
 
 def test_ddp_all_reduces_the_gradients_once_per_step(short_runs, parameter_sizes):
     _, parameter_bytes = parameter_sizes
     events = short_runs["runs"][0]["events_by_rank"][0]
-    all_reduces = [e for e in events if e[2] == "all_reduce"]
-    assert len(all_reduces) == STEPS
-    for _, _, _, payload in all_reduces:  # one bucket holding every gradient (plus alignment padding)
-        assert parameter_bytes <= payload <= parameter_bytes * 1.01
+    all_reduces = [event for event in events if event["collective"] == "all_reduce"]
+    assert [event["step"] for event in all_reduces] == list(range(1, STEPS + 1))
+    for event in all_reduces:  # one bucket holding every gradient (plus alignment padding)
+        assert parameter_bytes <= event["bytes"] <= parameter_bytes * 1.01
 
 
 def test_local_sgd_averages_every_parameter_every_k_steps_and_at_exit(short_runs, parameter_sizes):
     tensors, parameter_bytes = parameter_sizes
     run = short_runs["runs"][1]
     syncs = STEPS // 4 + 1  # at steps 4 and 8, and when the LocalSGD block ends
-    all_reduces = [e for e in run["events_by_rank"][0] if e[2] == "all_reduce"]
+    all_reduces = [event for event in run["events_by_rank"][0] if event["collective"] == "all_reduce"]
     assert len(all_reduces) == syncs * tensors
-    assert sum(e[3] for e in all_reduces) == syncs * parameter_bytes
+    assert sum(event["bytes"] for event in all_reduces) == syncs * parameter_bytes
+    assert sorted({event["step"] for event in all_reduces}) == [4, 8]
     assert run["final_gap"] == 0.0
 
 
-def test_a_failing_worker_reports_its_traceback_fast():
-    start = time.perf_counter()
-    with pytest.raises(WorkerFailedError, match="worker process 1 failed") as caught:
-        launch([RunConfig("fails", fail_on_rank=1, optimizer_steps=4)], num_processes=2)
-    assert "injected failure on process 1" in caught.value.worker_traceback
-    assert "Traceback" in caught.value.worker_traceback
-    assert time.perf_counter() - start < 60  # not a hang in a collective
+def test_the_weights_drift_apart_between_averagings_and_meet_at_each(short_runs):
+    gaps = dict(short_runs["runs"][1]["gaps"])
+    assert sorted(gaps) == list(range(1, STEPS + 1))  # measured after every optimizer step
+    assert gaps[4] == gaps[8] == 0.0
+    assert gaps[3] > 0 and gaps[7] > 0
 
 
-def test_a_busy_port_and_an_existing_accelerator_do_not_break_the_launch():
+def test_gradient_accumulation_is_wired_through_and_local_sgd_counts_micro_batches(short_runs, parameter_sizes):
+    # 8 optimizer steps of 2 micro-batches: local_sgd_steps=4 calls = every 2 optimizer steps, plus the exit
+    _, parameter_bytes = parameter_sizes
+    events = short_runs["runs"][2]["events_by_rank"][0]
+    synced_after = sorted({event["step"] for event in events if event["collective"] == "all_reduce"})
+    assert synced_after == [2, 4, 6, 8]
+    assert short_runs["runs"][2]["bytes"] - short_runs["runs"][1]["bytes"] == 2 * parameter_bytes
+
+
+def test_a_broadcast_is_counted_only_on_the_process_that_sends_it(short_runs):
+    by_rank = short_runs["runs"][0]["events_by_rank"]
+    broadcast_bytes = [sum(e["bytes"] for e in events if e["collective"] == "broadcast") for events in by_rank]
+    assert broadcast_bytes[0] > 0 and broadcast_bytes[1] == 0  # Accelerate's data loader, from process 0
+
+
+def test_a_single_process_refuses_to_pretend():
     from accelerate import Accelerator
 
-    Accelerator(cpu=True)  # as a Trainer in the same kernel would
-    with socket.socket() as blocker:  # something else listens on the port we ask for
-        blocker.bind(("127.0.0.1", 0))
-        blocker.listen()
-        busy_port = blocker.getsockname()[1]
-        results = launch([RunConfig("DDP", optimizer_steps=2)], num_processes=2, port=busy_port)
-    assert results["processes"] == 2
-
-
-def test_a_single_process_refuses_to_pretend(tmp_path):
     with pytest.raises(RuntimeError, match="silently do nothing"):
-        train_worker([RunConfig("DDP", optimizer_steps=2)], str(tmp_path / "results.json"))
+        train_worker(Accelerator(cpu=True), [RunConfig("DDP", optimizer_steps=2)])
 
 
 def accelerate_launch(flags, tmp_path):
@@ -112,58 +121,3 @@ def test_accelerate_launch_with_cpu_flag_starts_one_process_and_the_worker_refus
     completed, _ = accelerate_launch(["--cpu"], tmp_path)
     assert completed.returncode != 0
     assert "silently do nothing" in completed.stderr
-
-
-@pytest.mark.parametrize("peer_error", [
-    "RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:28843.",
-    "RuntimeError: [../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:22960: Connection reset by peer."])
-def test_the_root_cause_is_reported_not_the_peer_that_lost_its_connection(peer_error):
-    from types import SimpleNamespace
-
-    error = WorkerFailedError(SimpleNamespace(failures={}),
-                              {0: f"Traceback ...\n{peer_error}\n", 1: "Traceback ...\nValueError: bad batch\n"})
-    assert str(error).startswith("worker process 1 failed")
-    assert error.worker_traceback.endswith("ValueError: bad batch\n")
-
-
-def test_a_dead_loopback_interface_fails_fast_with_the_fix(monkeypatch):
-    import helpers.local_sgd as local_sgd
-
-    def unreachable(*args, **kwargs):
-        raise OSError(101, "Network is unreachable")
-
-    monkeypatch.setattr(local_sgd.socket, "create_connection", unreachable)
-    with pytest.raises(RuntimeError, match="ip link set lo up"):
-        launch([RunConfig("DDP", optimizer_steps=2)], num_processes=2)
-
-
-def sleeps_forever(results_path):
-    time.sleep(3600)
-
-
-def test_workers_that_never_finish_are_stopped_and_say_where_they_were():
-    start = time.perf_counter()
-    with pytest.raises(WorkerTimeoutError) as caught:
-        run_in_processes(sleeps_forever, (), timeout_s=5)
-    assert time.perf_counter() - start < 60
-    assert "sleeps_forever" in str(caught.value) and "process 0" in str(caught.value)
-
-
-def makes_a_progress_bar(results_path):
-    from accelerate import Accelerator
-    from tqdm import tqdm
-
-    accelerator = Accelerator(cpu=True)
-    for _ in tqdm(range(3), disable=True):  # creating a bar takes tqdm's lock, even when it shows nothing
-        pass
-    if accelerator.is_main_process:
-        Path(results_path).write_text(json.dumps({"ok": True}))
-    finish_worker(accelerator)
-
-
-def test_a_progress_bar_in_a_worker_does_not_wait_for_the_notebooks_tqdm_lock():
-    # tqdm's lock is a semaphore that fork shares with the parent; workers get locks of their own
-    from tqdm import tqdm
-
-    with tqdm.get_lock():  # held here, as tqdm's monitor thread holds it now and then
-        assert run_in_processes(makes_a_progress_bar, (), timeout_s=60) == {"ok": True}

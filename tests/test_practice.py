@@ -4,25 +4,26 @@ Every exercise has correct variants a learner might write and at least two typic
 The notebooks themselves are run by nbval; the last tests check the practice/solution pairs.
 """
 import contextlib
-import io
-import json
 import math
-import tempfile
-from pathlib import Path
+import random
+import warnings
 
+import numpy as np
 import pytest
 import torch
 from accelerate.local_sgd import LocalSGD
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, checkpoint_sequential
 from transformers import TrainingArguments
 
-from helpers.practice import CORRECT, NOT_DONE, WRONG, Verdict, checker, is_unfinished
+from helpers import training
+from helpers.paths import REPO_ROOT
+from helpers.practice.verdicts import (CHECK_FAILED, CORRECT, NOT_DONE, WRONG, Verdict, call_learner, checker,
+                                      explaining_warnings, is_unfinished)
 from helpers.practice import adamw as l4
 from helpers.practice import gradient_checkpointing as l1
 from helpers.practice import local_sgd as l3
 from helpers.practice import trainer_and_accelerator as l2
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 PRACTICE = REPO_ROOT / "notebooks" / "practice"
 
 
@@ -56,14 +57,60 @@ def test_placeholders_are_found_in_values_containers_and_function_sources():
     assert not is_unfinished(finished_with_slicing) and not is_unfinished({"A": 1}) and not is_unfinished(0)
 
 
-def test_a_check_prints_one_verdict_and_never_raises(capsys):
+def test_a_check_that_fails_itself_says_so_where_and_whom_to_tell(capsys):
     @checker("0.1")
     def check_crashes(answer):
-        raise KeyError("an answer the judge did not foresee")
+        return {"expected": 42}["missing key"]  # a bug in the check, not in the answer
 
     check_crashes(42)
     printed = capsys.readouterr().out
-    assert printed.startswith("Exercise 0.1: not quite.") and "KeyError" in printed and "Traceback" not in printed
+    assert printed.startswith("Exercise 0.1: the check itself failed. This is a bug in the check, not in your answer")
+    assert "KeyError: 'missing key'" in printed and "tests/test_practice.py, line" in printed
+    assert "report it" in printed and "course maintainers" in printed
+    assert "not quite" not in printed and "Traceback" not in printed and printed.count("\n") == 1
+
+
+def test_a_check_failing_in_code_it_calls_points_at_the_helpers_line_that_called_it(monkeypatch):
+    def broken_weigher(optimizer):  # stands for a library function the check calls
+        raise RuntimeError("the state changed shape")
+
+    monkeypatch.setattr(l4.optimizer_state, "optimizer_state_size", broken_weigher)
+    verdict = l4.check_optimizer_state_size.verdict(lambda optimizer: 0)
+    assert_verdict(verdict, CHECK_FAILED, "RuntimeError: the state changed shape", "helpers/practice/adamw.py, line")
+
+
+def test_an_exception_in_the_learners_code_is_not_quite_in_one_sentence(capsys):
+    @checker("0.2")
+    def check_calls(answer):
+        return f"it returned {call_learner(answer, 1)}"
+
+    def answer(x):
+        return {"a": 1}["b"]
+
+    check_calls(answer)
+    printed = capsys.readouterr().out
+    assert printed.startswith("Exercise 0.2: not quite. Calling answer raised KeyError: 'b'.")
+    assert "check itself" not in printed and "Traceback" not in printed and printed.count("\n") == 1
+
+
+def test_a_check_lets_warnings_through_unless_it_explains_them():
+    @checker("0.3")
+    def check_warns(answer):
+        with explaining_warnings("old name") as explained:
+            warnings.warn("the old name is deprecated", FutureWarning)
+            warnings.warn("something else", UserWarning)
+        return f"explained {len(explained)}"
+
+    with pytest.warns(UserWarning, match="something else") as shown:
+        assert_verdict(check_warns.verdict(None), CORRECT, "explained 1")
+    assert [str(w.message) for w in shown] == ["something else"]
+
+
+def test_explaining_warnings_shows_the_others_even_when_the_block_raises():
+    with pytest.warns(UserWarning, match="shown anyway"), pytest.raises(ValueError):
+        with explaining_warnings("explained"):
+            warnings.warn("shown anyway", UserWarning)
+            raise ValueError
 
 
 # --- lesson 1 -----------------------------------------------------------------------------
@@ -209,7 +256,7 @@ def test_2_2_rejects_typical_arithmetic(answers, fragment):
 
 def test_2_2_is_measured_not_assumed():
     # the check's truth comes from a real Trainer step: 16 x 4 examples with these arguments
-    assert l2.examples_seen_in_one_optimizer_step(l2.MICRO_BATCH_SIZE, l2.ACCUMULATION) == 64
+    assert l2.examples_seen_in_one_optimizer_step(training.MICRO_BATCH_SIZE, training.TRAINER_ACCUMULATION) == 64
 
 
 def set_and_return(model):
@@ -509,18 +556,39 @@ def test_4_4_hard_coded_two_labels_fails_on_the_three_label_configuration():
     assert_verdict(l4.check_parameters_from_config.verdict(two_labels_always), WRONG, "3 labels")
 
 
+# --- the learner's random numbers ---------------------------------------------------------
+
+CHECKS_THAT_BUILD_OR_TRAIN = {
+    "1.4 (builds blocks)": lambda: l1.check_checkpointed_forward.verdict(l1.every_block_checkpointed),
+    "2.3 (trains with Trainer)": lambda: l2.check_logged_loss_fix.verdict(set_and_return),
+    "4.3 (builds a model, steps optimizers)": lambda: l4.check_optimizer_state_size.verdict(weigh_with_loops),
+}
+
+
+def draws_after_seeding(run_check=None):
+    """What a learner draws from the global generators after seeding them (and running a check)."""
+    torch.manual_seed(1234)
+    random.seed(1234)
+    np.random.seed(1234)
+    if run_check is not None:
+        assert_verdict(run_check(), CORRECT)
+    return torch.rand(4).tolist(), random.random(), np.random.rand()
+
+
+@pytest.mark.parametrize("run_check", CHECKS_THAT_BUILD_OR_TRAIN.values(), ids=CHECKS_THAT_BUILD_OR_TRAIN.keys())
+def test_a_check_leaves_the_learners_random_numbers_alone(run_check):
+    assert draws_after_seeding(run_check) == draws_after_seeding()
+
+
 # --- the notebooks ------------------------------------------------------------------------
 
 LESSONS = ["01_gradient_checkpointing", "02_trainer_and_accelerator", "03_local_sgd", "04_adamw"]
 
 
-def cells(path):
-    return json.loads(path.read_text())["cells"]
-
-
 @pytest.mark.parametrize("stem", LESSONS)
-def test_practice_and_solution_differ_only_in_the_exercise_cells(stem):
-    practice, solution = cells(PRACTICE / f"{stem}_practice.ipynb"), cells(PRACTICE / f"{stem}_solution.ipynb")
+def test_practice_and_solution_differ_only_in_the_exercise_cells(stem, read_notebook):
+    practice = read_notebook(PRACTICE / f"{stem}_practice.ipynb")["cells"]
+    solution = read_notebook(PRACTICE / f"{stem}_solution.ipynb")["cells"]
     assert len(practice) == len(solution)
     for p, s in zip(practice, solution):
         tags = p["metadata"].get("tags", [])
@@ -536,9 +604,9 @@ def outputs_text(cell):
 
 
 @pytest.mark.parametrize("stem", LESSONS)
-def test_every_check_answers_not_done_in_practice_and_correct_in_solution(stem):
+def test_every_check_answers_not_done_in_practice_and_correct_in_solution(stem, read_notebook):
     for kind, status in (("practice", "not done yet"), ("solution", "correct")):
-        checks = [c for c in cells(PRACTICE / f"{stem}_{kind}.ipynb")
+        checks = [c for c in read_notebook(PRACTICE / f"{stem}_{kind}.ipynb")["cells"]
                   if c["cell_type"] == "code" and "".join(c["source"]).startswith("check_")]
         assert len(checks) >= 3
         for cell in checks:
@@ -546,8 +614,9 @@ def test_every_check_answers_not_done_in_practice_and_correct_in_solution(stem):
 
 
 @pytest.mark.parametrize("stem", LESSONS)
-def test_each_lesson_links_to_its_practice_and_the_readme_lists_it(stem):
-    lesson = "".join("".join(c["source"]) for c in cells(REPO_ROOT / "notebooks" / f"{stem}.ipynb"))
+def test_each_lesson_links_to_its_practice_and_the_readme_lists_it(stem, read_notebook):
+    cells = read_notebook(REPO_ROOT / "notebooks" / f"{stem}.ipynb")["cells"]
+    lesson = "".join("".join(c["source"]) for c in cells)
     assert f"practice/{stem}_practice.ipynb" in lesson
     readme = (REPO_ROOT / "README.md").read_text()
     assert f"notebooks/practice/{stem}_practice.ipynb" in readme and f"{stem}_solution.ipynb" in readme

@@ -2,18 +2,17 @@
 import filecmp
 import json
 import re
+import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from helpers import data as course_data
 from helpers.device import NetworkBlockedError, get_device, no_network
-from helpers.models import MODEL_CONFIG_DIRS, build_model, count_parameters
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from helpers.models import MODEL_CONFIG_DIRS, build_model, count_parameters, model_config
+from helpers.paths import REPO_ROOT
 
 
 def test_full_size_distilbert_builds_offline_with_the_slides_parameter_count():
@@ -37,6 +36,31 @@ def test_same_seed_same_weights_and_other_seed_other_weights():
     assert not torch.equal(a.classifier.weight, c.classifier.weight)
 
 
+def test_the_seed_gives_the_weights_of_seeding_torch_and_building_from_the_configuration():
+    from transformers import AutoModelForSequenceClassification
+
+    torch.manual_seed(3)
+    reference = AutoModelForSequenceClassification.from_config(model_config("tiny"))
+    torch.testing.assert_close(build_model("tiny", seed=3).state_dict(), reference.state_dict(), rtol=0, atol=0)
+
+
+def test_building_a_model_leaves_the_learners_random_numbers_alone():
+    def draws_after_seeding(build_first):
+        torch.manual_seed(123)
+        if build_first:
+            build_model(seed=0)
+        # the CPU's generator, and the GPU's where there is one: torch.manual_seed seeds both
+        return torch.rand(3), torch.rand(3, device=get_device()).cpu()
+
+    torch.testing.assert_close(draws_after_seeding(True), draws_after_seeding(False), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.0, "2", True])
+def test_bad_num_labels_says_what_is_valid(bad):
+    with pytest.raises(ValueError, match=r"num_labels must be an integer >= 1.*got " + re.escape(repr(bad))):
+        build_model("tiny", num_labels=bad)
+
+
 def test_unknown_model_size_lists_the_valid_names():
     with pytest.raises(ValueError, match="unknown model size 'huge'.*tiny, base"):
         build_model("huge")
@@ -53,8 +77,13 @@ def test_no_network_really_blocks_connections():
         socket.create_connection(("127.0.0.1", 9))
 
 
-def test_device_is_cuda_exactly_when_cuda_is_available():
-    assert get_device().type == ("cuda" if torch.cuda.is_available() else "cpu")
+def test_the_tiny_model_runs_a_forward_pass_on_the_device_the_lessons_use():
+    device = get_device()
+    model = build_model("tiny").to(device)
+    logits = model(input_ids=torch.arange(16, device=device).reshape(2, 8)).logits
+    assert logits.shape == (2, 2) and logits.device.type == device.type
+    # the README's promise: a CUDA GPU whenever PyTorch sees one, else the CPU
+    assert logits.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def test_splits_columns_and_label_balance():
@@ -107,13 +136,31 @@ def test_missing_model_configuration_names_the_command(tmp_path, monkeypatch):
         build_model("tiny")
 
 
-def test_the_committed_data_is_what_the_generator_makes(tmp_path):
-    subprocess.run([sys.executable, str(REPO_ROOT / "data" / "make_data.py"), "--out", str(tmp_path)],
+@pytest.fixture(scope="module")
+def generated_data(tmp_path_factory):
+    """A fresh run of data/make_data.py: the folder it wrote and the files in it, relative to it."""
+    out = tmp_path_factory.mktemp("data")
+    subprocess.run([sys.executable, str(REPO_ROOT / "data" / "make_data.py"), "--out", str(out)],
                    check=True, capture_output=True)
-    made = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
+    made = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
     assert made, "the generator wrote nothing"
-    for relative in made:
-        assert filecmp.cmp(tmp_path / relative, REPO_ROOT / "data" / relative, shallow=False), relative
+    return out, made
+
+
+def test_the_committed_data_is_what_the_generator_makes(generated_data):
+    out, made = generated_data
+    for relative in sorted(made):
+        assert filecmp.cmp(out / relative, REPO_ROOT / "data" / relative, shallow=False), relative
+
+
+def test_every_committed_data_file_is_made_by_the_generator(generated_data):
+    if shutil.which("git") is None or not (REPO_ROOT / ".git").exists():
+        pytest.skip("needs git and a git checkout, to list the committed files under data/")
+    listing = subprocess.run(["git", "ls-files", "data"], cwd=REPO_ROOT, check=True, capture_output=True, text=True)
+    committed = {line.removeprefix("data/") for line in listing.stdout.splitlines()} - {"make_data.py", "README.md"}
+    assert committed, "git lists no data files"
+    _, made = generated_data
+    assert not committed - made, f"committed under data/ but not made by make_data.py: {sorted(committed - made)}"
 
 
 def test_base_configuration_is_the_distilbert_base_cased_architecture():

@@ -1,5 +1,6 @@
 """Instructor mode: slide metadata, the rendered decks, and the decks in a real browser."""
 import base64
+import importlib.util
 import json
 import os
 import re
@@ -14,13 +15,15 @@ from collections import Counter
 
 import pytest
 
-from build_slides import LESSONS, SLIDES_DIR, install_assets, render
+from helpers.paths import REPO_ROOT
 
+
+# tools/ is a folder of scripts, not a package on the import path: load the script by its path.
+_spec = importlib.util.spec_from_file_location("build_slides", REPO_ROOT / "tools" / "build_slides.py")
+build_slides = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(build_slides)
+LESSONS, SLIDES_DIR = build_slides.LESSONS, build_slides.SLIDES_DIR
 SLIDE_TYPES = {"slide", "subslide", "fragment", "skip", "notes", "-"}
-
-
-def cells(lesson):
-    return json.loads(lesson.read_text())["cells"]
 
 
 def slide_type(cell):
@@ -28,8 +31,8 @@ def slide_type(cell):
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)
-def test_every_cell_has_slide_metadata(lesson):
-    types = [slide_type(cell) for cell in cells(lesson)]
+def test_every_cell_has_slide_metadata(lesson, read_notebook):
+    types = [slide_type(cell) for cell in read_notebook(lesson)["cells"]]
     assert set(types) <= SLIDE_TYPES, f"unknown or missing slide types: {set(types) - SLIDE_TYPES}"
     assert types[0] == "slide", "the title cell opens the deck"
     counts = Counter(types)
@@ -37,16 +40,16 @@ def test_every_cell_has_slide_metadata(lesson):
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)
-def test_set_up_code_is_skipped(lesson):
-    first_code = next(cell for cell in cells(lesson) if cell["cell_type"] == "code")
+def test_set_up_code_is_skipped(lesson, read_notebook):
+    first_code = next(cell for cell in read_notebook(lesson)["cells"] if cell["cell_type"] == "code")
     assert slide_type(first_code) == "skip"
 
 
-def test_the_a_plus_b_bullets_are_fragments():
+def test_the_a_plus_b_bullets_are_fragments(read_notebook):
     lesson = next(p for p in LESSONS if p.stem.startswith("01_"))
     bullets = ["**Compute A + B = C", "**A and B are not needed", "**Should we keep A and B",
                "**Without checkpointing", "**With checkpointing", "**If recomputing B is expensive"]
-    sources = {"".join(cell["source"]): slide_type(cell) for cell in cells(lesson)}
+    sources = {"".join(cell["source"]): slide_type(cell) for cell in read_notebook(lesson)["cells"]}
     for bullet in bullets:
         matching = [kind for source, kind in sources.items() if source.startswith(bullet)]
         assert matching == ["fragment"], bullet
@@ -57,14 +60,14 @@ def decks():
     SLIDES_DIR.mkdir(parents=True, exist_ok=True)
     if shutil.which("npm") is None and not (SLIDES_DIR / "reveal.js").exists():
         pytest.skip("npm is needed once to fetch reveal.js for the offline decks")
-    install_assets()
-    return {lesson: render(lesson) for lesson in LESSONS}
+    build_slides.install_assets()
+    return {lesson: build_slides.render(lesson) for lesson in LESSONS}
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)
-def test_each_lesson_renders_with_the_expected_number_of_slides(decks, lesson):
+def test_each_lesson_renders_with_the_expected_number_of_slides(decks, lesson, read_notebook):
     html = decks[lesson].read_text()
-    counts = Counter(slide_type(cell) for cell in cells(lesson))
+    counts = Counter(slide_type(cell) for cell in read_notebook(lesson)["cells"])
     # nbconvert nests a section per subslide inside a section per slide
     assert html.count("<section") == 2 * counts["slide"] + counts["subslide"]
     assert "data:image/png;base64" in html  # figures embedded: no kernel, no files needed
@@ -149,7 +152,7 @@ def browser(tmp_path_factory):
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)
-def test_deck_opens_in_a_browser_with_a_visible_title_and_no_script_errors(decks, browser, lesson):
+def test_deck_opens_in_a_browser_with_a_visible_title_and_no_script_errors(decks, browser, lesson, read_notebook):
     browser.events.clear()
     for domain in ("Runtime", "Log", "Page"):
         browser.call(f"{domain}.enable")
@@ -165,6 +168,6 @@ def test_deck_opens_in_a_browser_with_a_visible_title_and_no_script_errors(decks
     screenshot = browser.call("Page.captureScreenshot", format="png")["data"]
     (SLIDES_DIR / f"{lesson.stem}.title.png").write_bytes(base64.b64decode(screenshot))
     assert title is not None, "reveal.js did not start, or the first slide has no title"
-    heading = "".join(cells(lesson)[0]["source"]).splitlines()[0].lstrip("# ")
+    heading = "".join(read_notebook(lesson)["cells"][0]["source"]).splitlines()[0].lstrip("# ")
     assert title["visible"] and title["text"].lower() == heading.lower(), title  # the theme upper-cases it
     assert browser.errors() == []

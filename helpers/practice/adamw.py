@@ -3,15 +3,9 @@ import copy
 
 import torch
 
-from helpers.practice import Wrong, call_learner, checker, require_callable, require_done, whole_number
-
-MiB = 2**20
-
-
-def state_size(optimizer):
-    """(bytes, elements) of the tensors in ``optimizer.state``: the truth the checks compare with."""
-    tensors = [t for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
-    return sum(t.numel() * t.element_size() for t in tensors), sum(t.numel() for t in tensors)
+from helpers import optimizer_state  # a module, not its function: exercise 4.3's answer is also optimizer_state_size
+from helpers.practice.verdicts import Wrong, call_learner, checker, require_callable, require_done, whole_number
+from helpers.units import MiB
 
 
 def measured_adamw_state_bytes(model):
@@ -21,13 +15,17 @@ def measured_adamw_state_bytes(model):
         p.grad = torch.zeros_like(p)  # the state's size does not depend on the gradient's values
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     optimizer.step()
-    return state_size(optimizer)[0]
+    _, state_bytes = optimizer_state.optimizer_state_size(optimizer)
+    return state_bytes
 
 
 @checker("4.1")
 def check_adamw_estimate(model, adamw_estimate_bytes):
     """``adamw_estimate_bytes``: your estimate of AdamW's state for ``model``, in bytes."""
     require_done(adamw_estimate_bytes, "adamw_estimate_bytes", "your estimate in bytes (a formula is fine)")
+    if not isinstance(model, torch.nn.Module):
+        raise Wrong(f"model should be the tiny DistilBERT (model = build_model(\"tiny\")), but it is a "
+                    f"{type(model).__name__}. Hint: run the exercise's first cell again.")
     if isinstance(adamw_estimate_bytes, bool) or not isinstance(adamw_estimate_bytes, (int, float)):
         raise Wrong(f"adamw_estimate_bytes should be a number of bytes, but it is {adamw_estimate_bytes!r}.")
     n_parameters = sum(p.numel() for p in model.parameters())
@@ -52,7 +50,10 @@ def check_adamw_estimate(model, adamw_estimate_bytes):
 
 
 def reference_adamw_run(learner_step=None, steps=10, **hyper):
-    """Run 10 steps of torch.optim.AdamW (or ``learner_step``) on the same random gradients."""
+    """(parameter, exp_avg, exp_avg_sq) after ``steps`` steps of torch.optim.AdamW, or of ``learner_step``.
+
+    Both run from the same parameter on the same random gradients, drawn from their own generator.
+    """
     generator = torch.Generator().manual_seed(0)
     param = torch.randn(6, 4, generator=generator)
     grads = [torch.randn(6, 4, generator=generator) for _ in range(steps)]
@@ -125,11 +126,12 @@ def check_adamw_step(adamw_step):
 
 
 def optimizers_to_weigh():
-    """(name, optimizer after one step, its true state bytes, its state elements) for several optimizers."""
+    """(name, optimizer after one step, state elements, state bytes, parameter bytes) for several optimizers."""
     from transformers.optimization import Adafactor
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 8))
+    with torch.random.fork_rng(devices=[]):  # the layers draw their weights from the global generator: restore it
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 8))
     bf16_model = copy.deepcopy(model).to(torch.bfloat16)
     cases = [("AdamW", model, lambda ps: torch.optim.AdamW(ps, lr=1e-3)),
              ("SGD with momentum", model, lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)),
@@ -142,7 +144,8 @@ def optimizers_to_weigh():
             p.grad = torch.ones_like(p)
         optimizer = make(list(m.parameters()))
         optimizer.step()
-        yield (name, optimizer, *state_size(optimizer), sum(p.numel() * p.element_size() for p in m.parameters()))
+        yield (name, optimizer, *optimizer_state.optimizer_state_size(optimizer),
+               sum(p.numel() * p.element_size() for p in m.parameters()))
 
 
 @checker("4.3")
@@ -158,7 +161,7 @@ def check_optimizer_state_size(optimizer_state_size):
              ("has no attribute 'element_size'", "skip state entries that are not tensors "
                                                  "(isinstance(value, torch.Tensor)).")]
     lines = []
-    for name, optimizer, true_bytes, elements, parameter_bytes in optimizers_to_weigh():
+    for name, optimizer, elements, true_bytes, parameter_bytes in optimizers_to_weigh():
         answer = call_learner(optimizer_state_size, optimizer, name=f"optimizer_state_size on {name}", hints=hints)
         answer = whole_number(answer, f"optimizer_state_size on {name}")
         if answer == true_bytes:
@@ -194,6 +197,7 @@ BIASES = {"the attention biases": lambda c: c.n_layers * 4 * c.dim,
 
 
 def configurations():
+    """The DistilBERT configurations the learner's formula must count: the slides', the tiny one and a third."""
     from helpers.models import model_config
 
     other = model_config("tiny", num_labels=3)

@@ -1,19 +1,23 @@
 """Checks for notebooks/practice/01_gradient_checkpointing_practice.ipynb (lesson 01)."""
-import warnings
 from functools import partial
 
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from helpers.memory import count_ops, measure_memory
-from helpers.practice import Wrong, call_learner, checker, require_callable, require_done, whole_number
+from helpers.practice.verdicts import (Wrong, call_learner, checker, explaining_warnings, require_callable,
+                                      require_done, whole_number)
+from helpers.units import KiB, MiB
 
-KiB, MiB = 2**10, 2**20
 SAVE_POLICIES = (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE)
 
 
 class ABCExample:
-    """Lesson 1's A * B = C example, small: A = sin(x) is cheap, B = x @ W + b is expensive."""
+    """Lesson 1's A + B = C example, small: A = sin(x) is cheap, B = x @ W + b is expensive.
+
+    As in lesson 1, C is A * B rather than the slide's A + B: the gradient of a sum needs neither input,
+    so autograd would keep nothing; a product's backward needs both A and B.
+    """
 
     def __init__(self, rows=128, features=256, seed=0):
         generator = torch.Generator().manual_seed(seed)
@@ -22,11 +26,13 @@ class ABCExample:
         self.b = torch.zeros(features, requires_grad=True)
 
     def compute_c(self, x):
+        """C from x, the region that ``loss`` checkpoints."""
         A = torch.sin(x)                  # cheap, element-wise
         B = torch.addmm(self.b, x, self.W)  # expensive matrix multiply
         return A * B                      # C
 
     def loss(self, context_fn=None, checkpointed=True):
+        """The sum of C, computed under checkpoint (with ``context_fn``'s policy, if given) or plainly."""
         if not checkpointed:
             return self.compute_c(self.x).sum()
         if context_fn is None:
@@ -34,6 +40,7 @@ class ABCExample:
         return checkpoint(self.compute_c, self.x, use_reentrant=False, context_fn=context_fn).sum()
 
     def gradients(self, loss_fn):
+        """Copies of the gradients of x, W and b after ``loss_fn().backward()`` from zero."""
         for tensor in (self.x, self.W, self.b):
             tensor.grad = None
         loss_fn().backward()
@@ -68,7 +75,7 @@ def check_recompute_prediction(prediction):
         raise Wrong(f"you predicted {predicted}. Hint: checkpoint keeps only the region's input x; "
                     "backward needs A and B (dC/dA = B, dC/dB = A), so how many times must each be computed?")
     if "C" in wrong and predicted["C"] > measured["C"]:
-        raise Wrong(f"A and B are right, C is not. Hint: does the backward pass need C itself, or only A and B? "
+        raise Wrong("A and B are right, C is not. Hint: does the backward pass need C itself, or only A and B? "
                     "PyTorch's non-reentrant checkpoint stops recomputing once it has everything backward needs.")
     raise Wrong(f"you predicted {predicted}; {', '.join(wrong)} is off. Hint: each tensor is computed once in "
                 "forward; count how many of them backward must compute again.")
@@ -125,16 +132,20 @@ class Block(torch.nn.Module):
     """Lesson 1's block: a residual MLP, 8x wider inside."""
 
     def __init__(self, width):
+        """A block ``width`` wide outside, 8 x ``width`` inside."""
         super().__init__()
         self.up, self.down = torch.nn.Linear(width, 8 * width), torch.nn.Linear(8 * width, width)
 
     def forward(self, h):
+        """h plus the MLP of h (the residual connection)."""
         return h + self.down(torch.nn.functional.gelu(self.up(h)))
 
 
 def make_blocks(n_blocks=8, width=32, seed=0):
-    torch.manual_seed(seed)
-    return torch.nn.ModuleList(Block(width) for _ in range(n_blocks))
+    """``n_blocks`` blocks whose weights depend only on ``seed``, leaving the learner's random state alone."""
+    with torch.random.fork_rng(devices=[]):  # the blocks' layers draw from the global generator: restore it after
+        torch.manual_seed(seed)
+        return torch.nn.ModuleList(Block(width) for _ in range(n_blocks))
 
 
 def every_block_checkpointed(blocks, h):
@@ -145,12 +156,14 @@ def every_block_checkpointed(blocks, h):
 
 
 def plain_forward(blocks, h):
+    """The blocks one after the other, without checkpointing: the reference output and memory."""
     for block in blocks:
         h = block(h)
     return h
 
 
 def stack_measurements(forward, blocks, h):
+    """(memory report, the blocks' gradients) of ``forward(blocks, h)`` followed by backward."""
     blocks.zero_grad(set_to_none=True)
     report = measure_memory(lambda: forward(blocks, h).square().mean())
     return report, [p.grad for p in blocks.parameters()]
@@ -163,8 +176,7 @@ def check_checkpointed_forward(checkpointed_forward):
     blocks, h = make_blocks(), torch.randn(512, 32, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected_output = plain_forward(blocks, h)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with explaining_warnings("requires_grad=True", "use_reentrant") as reentrant_warnings:
         output = call_learner(checkpointed_forward, blocks, h, name="checkpointed_forward")
     if not isinstance(output, torch.Tensor) or output.shape != expected_output.shape:
         raise Wrong(f"checkpointed_forward should return the last block's output, a tensor of shape "
@@ -174,14 +186,15 @@ def check_checkpointed_forward(checkpointed_forward):
         raise Wrong("its output differs from running the blocks one after the other. Hint: feed each block the "
                     "previous block's output, and return the last one.")
     if not output.requires_grad:
-        reentrant = any("requires_grad=True" in str(w.message) or "use_reentrant" in str(w.message) for w in caught)
+        reentrant = bool(reentrant_warnings)
         raise Wrong("its output does not require a gradient, so the blocks' weights cannot learn. " + (
             "PyTorch warned that no input requires grad: without use_reentrant=False, checkpoint takes the old "
             "reentrant path, which needs an input that requires grad. Hint: checkpoint(block, h, use_reentrant=False)."
             if reentrant else "Hint: do not run the blocks under torch.no_grad(); checkpoint handles that itself."))
     without, reference_grads = stack_measurements(plain_forward, blocks, h)
     reference, _ = stack_measurements(every_block_checkpointed, blocks, h)
-    yours, grads = stack_measurements(checkpointed_forward, blocks, h)
+    yours, grads = call_learner(stack_measurements, checkpointed_forward, blocks, h,
+                                name="checkpointed_forward (forward and backward)")
     if any(g is None for g in grads) or not all(torch.allclose(g, r, atol=1e-6) for g, r in zip(grads, reference_grads)):
         raise Wrong("the blocks' gradients differ from those without checkpointing. Hint: "
                     "checkpoint(block, h, use_reentrant=False) recomputes the same values; do not detach h.")
@@ -199,26 +212,32 @@ def check_checkpointed_forward(checkpointed_forward):
             f"{without.peak_activation_bytes / MiB:.2f} MiB; the gradients are identical.")
 
 
-def tiny_batch(seed=0):
+def tiny_batch(vocab_size, special_ids, seed=0):
+    """8 sequences of 64 random ordinary tokens (ids below ``vocab_size``, none in ``special_ids``), labels 0, 1, ..."""
     generator = torch.Generator().manual_seed(seed)
-    return {"input_ids": torch.randint(5, 190, (8, 64), generator=generator), "labels": torch.tensor([0, 1] * 4)}
+    # [PAD], [CLS], ... carry no text: a sentence is made of the other tokens
+    ordinary_ids = torch.tensor(sorted(set(range(vocab_size)) - set(special_ids)))
+    picks = torch.randint(len(ordinary_ids), (8, 64), generator=generator)
+    return {"input_ids": ordinary_ids[picks], "labels": torch.tensor([0, 1] * 4)}
 
 
 @checker("1.2")
 def check_switch_on_checkpointing(switch_on_checkpointing):
     """``switch_on_checkpointing(model)``: turn on a Transformers model's activation checkpointing."""
+    from helpers.data import load_tokenizer
     from helpers.models import build_model
 
     require_callable(switch_on_checkpointing, "switch_on_checkpointing")
-    model, batch = build_model("tiny", seed=0).train(), tiny_batch()
+    model = build_model("tiny", seed=0).train()
+    batch = tiny_batch(model.config.vocab_size, load_tokenizer().all_special_ids)
     before = measure_memory(lambda: model(**batch).loss)
     reference = [p.grad.clone() for p in model.parameters()]
     model.zero_grad(set_to_none=True)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with explaining_warnings("gradient_checkpointing_enable") as deprecation_warnings:
         call_learner(switch_on_checkpointing, model, name="switch_on_checkpointing")
-        model.train()
-        after = measure_memory(lambda: model(**batch).loss)
+    model.train()
+    after = call_learner(measure_memory, lambda: model(**batch).loss,
+                         name="the model's forward and backward after switch_on_checkpointing")
     if after.saved_bytes >= 0.9 * before.saved_bytes:
         raise Wrong(f"nothing changed: {before.saved_bytes / MiB:.2f} MiB kept for backward before your call, "
                     f"{after.saved_bytes / MiB:.2f} MiB after. Setting an attribute (on the model or its config) "
@@ -227,7 +246,7 @@ def check_switch_on_checkpointing(switch_on_checkpointing):
     if any(g is None for g in grads) or not all(torch.allclose(g, r, atol=1e-6) for g, r in zip(grads, reference)):
         raise Wrong("the gradients changed. Hint: switching checkpointing on must not change what the model computes.")
     note = ""
-    if any("gradient_checkpointing_enable" in str(w.message) for w in caught):
+    if deprecation_warnings:
         note = (" Note: gradient_checkpointing_enable() is the deprecated name (Transformers 5.23 and later); "
                 "prefer activation_checkpointing_enable().")
     return (f"kept for backward {before.saved_bytes / MiB:.2f} MiB before, {after.saved_bytes / MiB:.2f} MiB after "

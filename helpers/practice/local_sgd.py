@@ -1,23 +1,19 @@
 """Checks for notebooks/practice/03_local_sgd_practice.ipynb (lesson 03).
 
 The learner's training loops run for real, in 2 processes started like lesson 3's
-(``helpers.local_sgd.run_in_processes``), and the checks count the collectives they issue.
+(``helpers.launcher.run_in_processes``), and the checks count the collectives they issue.
 """
 import contextlib
 import io
-import json
-import traceback
-from datetime import timedelta
-from pathlib import Path
 
 import torch
 
-from helpers.local_sgd import (CollectiveCounter, WorkerFailedError, WorkerTimeoutError, count_ddp, finish_worker,
-                               run_in_processes, traceback_path, weight_gap)
-from helpers.practice import NotDone, Wrong, call_learner, checker, is_unfinished, require_callable
+from helpers.collectives import CollectiveCounter, count_ddp, weight_gap
+from helpers.launcher import WorkerFailedError, WorkerTimeoutError, run_in_processes
+from helpers.practice.verdicts import NotDone, Wrong, call_learner, checker, is_unfinished, require_callable
+from helpers.training import LEARNING_RATE
 
 MICRO_BATCH_SIZE = 16  # per process
-COLLECTIVE_TIMEOUT_S = 60  # a loop that leaves one process waiting fails within a minute, never hangs
 LAUNCH_TIMEOUT_S = 180  # the whole check; a normal one takes about 5 s
 
 
@@ -26,23 +22,18 @@ def expected_rounds(local_sgd_steps_calls, local_sgd_steps):
     return local_sgd_steps_calls // local_sgd_steps + 1
 
 
-def practice_worker(loops, micro_batches, gradient_accumulation_steps, results_path):
-    """Entry point of every process: run each loop on the tiny DistilBERT and record its collectives."""
-    from accelerate import Accelerator
-    from accelerate.utils import InitProcessGroupKwargs
-
+def practice_worker(accelerator, loops, micro_batches, gradient_accumulation_steps):
+    """What every process runs: each learner loop on the tiny DistilBERT, with its collectives counted."""
     from helpers.data import load_tokenized, make_dataloader
     from helpers.models import build_model
 
-    torch.set_num_threads(1)
-    accelerator = Accelerator(cpu=not torch.cuda.is_available(), gradient_accumulation_steps=gradient_accumulation_steps,
-                              kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))])
+    accelerator.gradient_accumulation_steps = gradient_accumulation_steps
     tokenized, tokenizer = load_tokenized()
     examples = tokenized["train"].select(range(micro_batches * MICRO_BATCH_SIZE * accelerator.num_processes))
     results = []
     for loop in loops:
         model = build_model("tiny", seed=0)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
         counter = CollectiveCounter()
         optimizer_steps = []
 
@@ -54,31 +45,26 @@ def practice_worker(loops, micro_batches, gradient_accumulation_steps, results_p
         dataloader = make_dataloader(examples, tokenizer, MICRO_BATCH_SIZE)
         model, optimizer, dataloader = accelerator.prepare(model, optimizer, dataloader)
         count_ddp(model)
-        try:
-            with counter:
-                loop(accelerator, model, optimizer, dataloader)
-        except Exception:
-            traceback_path(results_path, accelerator.process_index).write_text(traceback.format_exc())
-            raise
-        all_reduces = [(step, n_bytes) for step, _, name, n_bytes in counter.events if name == "all_reduce"]
+        with counter:
+            loop(accelerator, model, optimizer, dataloader)
+        all_reduces = [(event["step"], event["bytes"]) for event in counter.events
+                       if event["collective"] == "all_reduce"]
         results.append({"all_reduce_bytes": sum(n for _, n in all_reduces),
                         "sync_steps": sorted({step for step, _ in all_reduces}),
                         "optimizer_steps": len(optimizer_steps),
                         "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
                         "final_gap": weight_gap(accelerator, model, counter)})
-    if accelerator.is_main_process:
-        Path(results_path).write_text(json.dumps({"processes": accelerator.num_processes, "runs": results}))
-    finish_worker(accelerator)
+    return results
 
 
 def measure_loops(loops, micro_batches, gradient_accumulation_steps=1):
     """Run each ``loop(accelerator, model, optimizer, dataloader)`` on 2 processes; what each communicated."""
     with contextlib.redirect_stdout(io.StringIO()):  # the launcher's "Launching training on 2 CPUs."
-        results = run_in_processes(practice_worker, (list(loops), micro_batches, gradient_accumulation_steps),
-                                   timeout_s=LAUNCH_TIMEOUT_S)
-    for run in results["runs"]:
+        runs = run_in_processes(practice_worker, (list(loops), micro_batches, gradient_accumulation_steps),
+                                timeout_s=LAUNCH_TIMEOUT_S)
+    for run in runs:
         run["rounds"] = run["all_reduce_bytes"] / run["parameter_bytes"]
-    return results["runs"]
+    return runs
 
 
 def measure_learner_loop(loop, name, micro_batches, gradient_accumulation_steps=1):

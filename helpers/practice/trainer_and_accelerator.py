@@ -1,19 +1,18 @@
 """Checks for notebooks/practice/02_trainer_and_accelerator_practice.ipynb (lesson 02)."""
 import math
 import tempfile
-import warnings
 
 import torch
 
-from helpers.local_sgd import flat_parameters
-from helpers.practice import Wrong, call_learner, checker, require_callable, require_done, whole_number
+from helpers.models import flat_parameters
+from helpers.practice.verdicts import (Wrong, call_learner, checker, explaining_warnings, require_callable,
+                                      require_done, whole_number)
+from helpers.training import LEARNING_RATE, MICRO_BATCH_SIZE, TRAINER_ACCUMULATION, first_logged_losses
 
 # The checks' Trainer and Accelerator use the GPU when there is one, as the lessons do: a Trainer with
 # use_cpu=True after the learner's own GPU Accelerator would be refused by Accelerate.
 ON_CPU = not torch.cuda.is_available()
 TOLERANCE = 1e-5 if ON_CPU else 1e-4  # weights compared on the CPU, after training on either device
-
-MICRO_BATCH_SIZE, ACCUMULATION = 16, 4  # what exercises 2.1 and 2.2 ask for
 
 ARGUMENT_HINTS = [
     ("evaluation_strategy", "Transformers renamed evaluation_strategy to eval_strategy."),
@@ -24,21 +23,22 @@ ARGUMENT_HINTS = [
 
 
 def value_of(setting):
+    """A TrainingArguments setting as plain text or number."""
     return getattr(setting, "value", setting)  # enums such as IntervalStrategy.EPOCH -> "epoch"
 
 
 def checkpointing_on(args):
+    """Whether these TrainingArguments switch activation checkpointing on, under today's name or the old one."""
     return bool(getattr(args, "activation_checkpointing", False) or getattr(args, "gradient_checkpointing", False))
 
 
 @checker("2.1")
 def check_training_arguments(make_training_args):
-    """``make_training_args(output_dir)``: evaluation every epoch, micro-batches of 16, accumulation 4, checkpointing."""
+    """``make_training_args(output_dir)``: evaluation every epoch, lesson 2's batches, checkpointing on."""
     from transformers import TrainingArguments
 
     require_callable(make_training_args, "make_training_args")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with explaining_warnings("`gradient_checkpointing` is deprecated") as deprecation_warnings:
         args = call_learner(make_training_args, tempfile.mkdtemp(), name="make_training_args", hints=ARGUMENT_HINTS)
     if not isinstance(args, TrainingArguments):
         raise Wrong(f"make_training_args should return TrainingArguments(...), but returned {type(args).__name__}.")
@@ -48,24 +48,22 @@ def check_training_arguments(make_training_args):
     if args.per_device_train_batch_size != MICRO_BATCH_SIZE:
         problems.append(f"the micro-batch has {args.per_device_train_batch_size} examples, not {MICRO_BATCH_SIZE} "
                         "(per_device_train_batch_size)")
-    if args.gradient_accumulation_steps != ACCUMULATION:
-        problems.append(f"{args.gradient_accumulation_steps} micro-batches are accumulated, not {ACCUMULATION} "
+    if args.gradient_accumulation_steps != TRAINER_ACCUMULATION:
+        problems.append(f"{args.gradient_accumulation_steps} micro-batches are accumulated, not {TRAINER_ACCUMULATION} "
                         "(gradient_accumulation_steps)")
     if not checkpointing_on(args):
         problems.append("checkpointing is off (activation_checkpointing=True)")
     if problems:
         raise Wrong("; ".join(problems) + ".")
     note = ""
-    if any("`gradient_checkpointing` is deprecated" in str(w.message) for w in caught):
+    if deprecation_warnings:
         note = " Note: gradient_checkpointing is the deprecated name since Transformers 5.23; prefer activation_checkpointing."
-    return ("evaluation every epoch, micro-batches of 16, 4 of them accumulated per optimizer step, "
-            f"activation checkpointing on.{note}")
+    return (f"evaluation every epoch, micro-batches of {MICRO_BATCH_SIZE}, {TRAINER_ACCUMULATION} of them accumulated "
+            f"per optimizer step, activation checkpointing on.{note}")
 
 
 def examples_seen_in_one_optimizer_step(micro_batch_size, accumulation):
     """Train 1 optimizer step with these batch settings and count the examples the model saw (measured)."""
-    from transformers import DataCollatorWithPadding, Trainer, TrainingArguments
-
     from helpers.data import load_tokenized
     from helpers.models import build_model
 
@@ -74,22 +72,9 @@ def examples_seen_in_one_optimizer_step(micro_batch_size, accumulation):
     model.accepts_loss_kwargs = False
     seen = []  # rows of every training forward pass
     model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(len(kwargs["input_ids"])), with_kwargs=True)
-    one_step = TrainingArguments(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=micro_batch_size,
-                                 gradient_accumulation_steps=accumulation, max_steps=1,
-                                 report_to="none", save_strategy="no", disable_tqdm=True, use_cpu=ON_CPU,
-                                 logging_strategy="no")
-    trainer = Trainer(model=model, args=one_step, train_dataset=tokenized["train"].select(range(256)),
-                      data_collator=DataCollatorWithPadding(tokenizer))
-    quiet(trainer).train()
+    first_logged_losses(model, tokenized["train"].select(range(256)), tokenizer, steps=1,
+                        micro_batch_size=micro_batch_size, accumulation=accumulation, use_cpu=ON_CPU)
     return sum(seen)
-
-
-def quiet(trainer):
-    """Without its progress bar (disable_tqdm), Trainer prints every log; the check prints only its verdict."""
-    from transformers.trainer_callback import PrinterCallback
-
-    trainer.remove_callback(PrinterCallback)
-    return trainer
 
 
 def optimizer_steps_per_epoch(n_examples, micro_batch_size, accumulation):
@@ -99,78 +84,80 @@ def optimizer_steps_per_epoch(n_examples, micro_batch_size, accumulation):
 
 @checker("2.2")
 def check_batch_arithmetic(examples_per_optimizer_step, optimizer_steps_per_epoch_answer):
-    """The effective batch size and the optimizer steps of one epoch, for micro-batches of 16 and accumulation 4."""
+    """The effective batch size and the optimizer steps of one epoch, for lesson 2's micro-batches and accumulation."""
     from helpers.data import load_paraphrase_dataset
 
     require_done([examples_per_optimizer_step, optimizer_steps_per_epoch_answer], "both answers", "a whole number")
     effective = whole_number(examples_per_optimizer_step, "examples_per_optimizer_step")
     steps = whole_number(optimizer_steps_per_epoch_answer, "optimizer_steps_per_epoch")
     n_examples = load_paraphrase_dataset()["train"].num_rows  # 4000
-    measured = examples_seen_in_one_optimizer_step(MICRO_BATCH_SIZE, ACCUMULATION)
-    expected_steps = optimizer_steps_per_epoch(n_examples, MICRO_BATCH_SIZE, ACCUMULATION)
+    measured = examples_seen_in_one_optimizer_step(MICRO_BATCH_SIZE, TRAINER_ACCUMULATION)
+    expected_steps = optimizer_steps_per_epoch(n_examples, MICRO_BATCH_SIZE, TRAINER_ACCUMULATION)
     if effective != measured:
-        hint = {16: "that is one micro-batch; one optimizer step accumulates the gradients of 4 of them.",
-                4: "that is the number of micro-batches; how many examples does each hold?"}.get(
+        hint = {MICRO_BATCH_SIZE: "that is one micro-batch; one optimizer step accumulates the gradients of "
+                                  f"{TRAINER_ACCUMULATION} of them.",
+                TRAINER_ACCUMULATION: "that is the number of micro-batches; how many examples does each hold?"}.get(
             effective, "count the micro-batches per optimizer step and the examples in each.")
         raise Wrong(f"one optimizer step used {measured} examples (counted in a real Trainer step), not {effective}. "
                     f"Hint: {hint}")
     if steps != expected_steps:
         micro_batches = math.ceil(n_examples / MICRO_BATCH_SIZE)
         if steps == micro_batches:
-            hint = "that is the number of micro-batches; the optimizer steps once every 4 of them."
-        elif steps == micro_batches // ACCUMULATION:
-            hint = (f"{micro_batches} micro-batches do not divide by 4: Trainer takes one more, smaller step with "
-                    "the micro-batches left over at the end of the epoch.")
+            hint = f"that is the number of micro-batches; the optimizer steps once every {TRAINER_ACCUMULATION} of them."
+        elif steps == micro_batches // TRAINER_ACCUMULATION:
+            hint = (f"{micro_batches} micro-batches do not divide by {TRAINER_ACCUMULATION}: Trainer takes one more, "
+                    "smaller step with the micro-batches left over at the end of the epoch.")
         else:
-            hint = f"{n_examples} examples make {micro_batches} micro-batches of 16; the optimizer steps every 4 of them."
+            hint = (f"{n_examples} examples make {micro_batches} micro-batches of {MICRO_BATCH_SIZE}; the optimizer "
+                    f"steps every {TRAINER_ACCUMULATION} of them.")
         raise Wrong(f"the effective batch is right, but one epoch of {n_examples} examples takes {expected_steps} "
                     f"optimizer steps, not {steps}. Hint: {hint}")
-    return (f"each optimizer step sees {measured} examples (16 x 4, counted in a real Trainer step), and an epoch of "
+    return (f"each optimizer step sees {measured} examples ({MICRO_BATCH_SIZE} x {TRAINER_ACCUMULATION}, counted in a "
+            f"real Trainer step), and an epoch of "
             f"{n_examples} examples is {expected_steps} optimizer steps. On 2 processes each would see its own "
             f"micro-batches: {2 * measured} examples per step.")
 
 
-def first_logged_loss(prepare_for_trainer=None):
-    """Train 1 step with accumulation 4 and return (Trainer's logged loss, the true mean loss per batch)."""
-    from transformers import DataCollatorWithPadding, Trainer, TrainingArguments
+def logged_and_true_loss(prepare_for_trainer):
+    """(Trainer's first logged loss, the true mean loss per micro-batch) for one step of lesson 2's batches.
 
+    The model goes through the learner's ``prepare_for_trainer`` before Trainer trains it.
+    """
     from helpers.data import load_tokenized, make_dataloader
     from helpers.models import build_model
 
     tokenized, tokenizer = load_tokenized()
-    examples = tokenized["train"].select(range(64))
+    examples = tokenized["train"].select(range(MICRO_BATCH_SIZE * TRAINER_ACCUMULATION))  # one optimizer step
     model = build_model("tiny", seed=0)
-    with torch.no_grad():  # the true loss: the mean of the 4 micro-batches' mean losses, before any step
-        losses = [model(**batch).loss.item() for batch in make_dataloader(examples, tokenizer, batch_size=16)]
-    if prepare_for_trainer is not None:
-        returned = call_learner(prepare_for_trainer, model, name="prepare_for_trainer")
-        model = returned if isinstance(returned, torch.nn.Module) else model
-    args = TrainingArguments(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=16, gradient_accumulation_steps=4,
-                             max_steps=1, logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True,
-                             use_cpu=ON_CPU, learning_rate=1e-3)
-    trainer = Trainer(model=model, args=args, train_dataset=examples, data_collator=DataCollatorWithPadding(tokenizer))
-    quiet(trainer).train()
-    logged = next(entry["loss"] for entry in trainer.state.log_history if "loss" in entry)
-    return logged, sum(losses) / len(losses)
+    with torch.no_grad():  # the true loss: the mean of the micro-batches' mean losses, before any step
+        losses = [model(**batch).loss.item() for batch in make_dataloader(examples, tokenizer, MICRO_BATCH_SIZE)]
+    returned = call_learner(prepare_for_trainer, model, name="prepare_for_trainer")
+    model = returned if isinstance(returned, torch.nn.Module) else model
+    logged = call_learner(first_logged_losses, model, examples, tokenizer, steps=1, micro_batch_size=MICRO_BATCH_SIZE,
+                          accumulation=TRAINER_ACCUMULATION, learning_rate=LEARNING_RATE, use_cpu=ON_CPU,
+                          name="Trainer's training of the model prepare_for_trainer prepared")
+    return logged[0], sum(losses) / len(losses)
 
 
 @checker("2.3")
 def check_logged_loss_fix(prepare_for_trainer):
     """``prepare_for_trainer(model)``: make Trainer log (and train on) the mean loss under accumulation."""
     require_callable(prepare_for_trainer, "prepare_for_trainer")
-    logged, true_mean = first_logged_loss(prepare_for_trainer)
+    logged, true_mean = logged_and_true_loss(prepare_for_trainer)
     ratio = logged / true_mean
     if abs(ratio - 1) < 0.01:
-        return f"Trainer logged {logged:.3f}, the true mean loss is {true_mean:.3f} (about ln 2 = 0.693)."
-    if abs(ratio - 4) < 0.05:
-        raise Wrong(f"Trainer still logged {logged:.3f}, 4 x the true mean loss {true_mean:.3f}: it adds up the "
-                    "4 micro-batches' losses because it believes the model normalises them itself. Hint: Trainer "
-                    "reads an attribute of the model (not of its config) to decide; see lesson 2.")
+        return f"Trainer logged {logged:.3f}, the true mean loss is {true_mean:.3f} (about ln 2 = {math.log(2):.3f})."
+    if abs(ratio - TRAINER_ACCUMULATION) < 0.05:
+        raise Wrong(f"Trainer still logged {logged:.3f}, {TRAINER_ACCUMULATION} x the true mean loss {true_mean:.3f}: "
+                    f"it adds up the {TRAINER_ACCUMULATION} micro-batches' losses because it believes the model "
+                    "normalises them itself. Hint: Trainer reads an attribute of the model (not of its config) to "
+                    "decide; see lesson 2.")
     raise Wrong(f"Trainer logged {logged:.3f}, but the true mean loss is {true_mean:.3f} (ratio {ratio:.2f}). Hint: "
                 "change only what Trainer believes about the model's loss; do not rescale the loss yourself.")
 
 
 def tiny_micro_batches():
+    """32 training examples as 4 micro-batches of 8, and the same examples as 2 batches of 16."""
     from helpers.data import load_tokenized, make_dataloader
 
     tokenized, tokenizer = load_tokenized()
@@ -212,6 +199,7 @@ def reference_weights():
 
 
 def mistaken_loop(plain_backward=False, no_accumulate=False, no_zero_grad=False):
+    """Lesson 2's Accelerate loop with one typical mistake, to name the mistake a learner made."""
     def loop(accelerator, model, optimizer, dataloader):
         import contextlib
 

@@ -9,7 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from helpers.paths import REPO_ROOT
+
 OUT_DIR = REPO_ROOT / "build" / "bench"
 SUMMARY_HEADER = "Measured in this lesson"
 
@@ -40,6 +41,7 @@ def run_one(path):
 
 
 def main(paths):
+    """Run each notebook in a fresh process, print the table and write build/bench/bench.json."""
     rows = []
     for path in paths:
         # a fresh process per notebook, so that each peak RSS belongs to one notebook alone

@@ -9,9 +9,9 @@ import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from helpers.paths import REPO_ROOT
+
 SLIDES_DIR = REPO_ROOT / "build" / "slides"
 NPM_DIR = REPO_ROOT / "build" / "npm"
 LESSONS = sorted((REPO_ROOT / "notebooks").glob("0[1-9]_*.ipynb"))
@@ -28,6 +28,7 @@ MERMAID_IMPORT = re.compile(r"<script type=\"module\">\s*import mermaid from [^<
 
 
 def install_assets():
+    """Put reveal.js, jQuery, RequireJS and the offline stubs in build/slides (npm once, the first time)."""
     modules = NPM_DIR / "node_modules"
     if not (modules / "reveal.js" / "dist" / "reveal.js").exists():
         if shutil.which("npm") is None:
@@ -49,6 +50,7 @@ def install_assets():
 
 
 def render(lesson):
+    """Render one lesson notebook into build/slides as an offline deck; return the deck's path."""
     subprocess.run([sys.executable, "-m", "jupyter", "nbconvert", "--to", "slides", str(lesson),
                     "--output-dir", str(SLIDES_DIR), "--log-level=ERROR",
                     "--SlidesExporter.reveal_url_prefix=reveal.js",
@@ -65,6 +67,7 @@ def render(lesson):
 
 
 def main():
+    """Render every lesson (what `make slides` runs)."""
     SLIDES_DIR.mkdir(parents=True, exist_ok=True)
     install_assets()
     for lesson in LESSONS:

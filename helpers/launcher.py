@@ -1,0 +1,307 @@
+"""Start worker processes from a notebook, safely (introduced in lesson 03, used by its practice checks).
+
+``run_in_processes(worker, args)`` forks ``num_processes`` processes with Accelerate's
+``notebook_launcher`` and, in each, runs ``worker(accelerator, *args)`` with an Accelerator made
+for it; it returns what the worker returned on process 0. A worker only trains and returns its
+results: this module owns the rest of the protocol.
+
+- One thread per process (they share the machine's cores).
+- ``Accelerator(cpu=True)`` when there is no GPU: without it each process would run alone.
+  A collective that waits longer than ``COLLECTIVE_TIMEOUT_S`` fails instead of hanging.
+- A worker that raises writes its own traceback before its peers lose their connection to it,
+  and ``WorkerFailedError`` shows that root cause in the notebook.
+- Workers still running after ``timeout_s`` are stopped by a watchdog; ``WorkerTimeoutError``
+  shows where each one was waiting.
+- Fork hygiene: what a forked process inherits from the notebook's process must not block it.
+  Objects are frozen across the fork (their destructors would wait for threads that only exist in
+  the parent), tqdm's locks are replaced, and a forked worker does not destroy its gloo process
+  group on the way out (that join can deadlock; the process's exit frees it).
+"""
+import contextlib
+import faulthandler
+import gc
+import json
+import logging
+import os
+import signal
+import socket
+import tempfile
+import threading
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+
+LAUNCH_TIMEOUT_S = 300  # the lesson's longest launch takes well under a minute
+COLLECTIVE_TIMEOUT_S = 60  # no single collective of the course takes more than a second
+FORKED_WORKER_ENV = "COURSE_FORKED_WORKER"  # set in the processes that run_in_processes forks
+
+
+def run_in_processes(worker, worker_args=(), num_processes=2, port=29500, timeout_s=LAUNCH_TIMEOUT_S):
+    """Run ``worker(accelerator, *worker_args)`` in ``num_processes`` forked processes; return process 0's result.
+
+    The result must be JSON-serialisable (it travels through a file). A worker that raises is
+    raised here as a ``WorkerFailedError``; workers still running after ``timeout_s`` seconds are
+    stopped, and a ``WorkerTimeoutError`` says where each one was.
+    """
+    from accelerate import notebook_launcher
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
+
+    if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 2:
+        raise ValueError(f"run_in_processes starts at least 2 processes, got num_processes={num_processes!r}; "
+                         "to run a worker alone, call it with an Accelerator of your own")
+    if not timeout_s or timeout_s <= 0:
+        raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+    require_loopback()
+    reset_accelerate_state()
+    if port_is_busy(port):
+        port = free_port()
+    with tempfile.TemporaryDirectory() as folder:
+        results_path = Path(folder) / "results.json"
+        # Objects left over from an earlier launch (a failed one leaves its rendezvous store in a
+        # reference cycle) must be freed here, not in a worker (see _frozen_at_fork).
+        gc.collect()
+        failure = None
+        watchdog = Watchdog(timeout_s)
+        try:
+            with _one_thread_per_process(), _quiet_launcher_logs(), watchdog, _frozen_at_fork():
+                notebook_launcher(record(_forked_worker), args=(worker, tuple(worker_args), str(results_path)),
+                                  num_processes=num_processes, use_port=str(port))
+        except ChildFailedError as error:
+            if watchdog.fired:
+                failure = WorkerTimeoutError(timeout_s, read_per_process(stack_path, results_path, num_processes))
+            else:
+                failure = WorkerFailedError(error, read_per_process(traceback_path, results_path, num_processes))
+        gc.collect()
+        if failure is not None:
+            raise failure  # outside the except block: it does not keep the launcher's frames alive
+        return json.loads(results_path.read_text())["result"]
+
+
+def worker_accelerator(**kwargs):
+    """The Accelerator a worker process trains with: the GPUs when there are some, else the CPU over gloo.
+
+    Without ``cpu=True`` on a machine with no GPU, each process would decide it runs alone.
+    """
+    from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
+
+    timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    return Accelerator(cpu=not torch.cuda.is_available(), kwargs_handlers=[timeout], **kwargs)
+
+
+def _forked_worker(worker, worker_args, results_path):
+    """What each forked process runs: undo what it inherited from the notebook's process, then ``worker``."""
+    os.environ[FORKED_WORKER_ENV] = "1"
+    fresh_progress_bar_locks()
+    # On SIGUSR1 (sent by the watchdog) write where every thread is, for WorkerTimeoutError.
+    stack_file = open(stack_path(results_path, int(os.environ.get("RANK", "0"))), "w")
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    torch.set_num_threads(1)
+    accelerator = worker_accelerator()
+    try:
+        result = worker(accelerator, *worker_args)
+        if accelerator.is_main_process:
+            Path(results_path).write_text(json.dumps({"result": result}))
+    except Exception:
+        # Written before this process closes its connections, so before its peers fail in turn.
+        traceback_path(results_path, accelerator.process_index).write_text(traceback.format_exc())
+        raise
+    # Wait for every process, then end without destroying the process group: destroying a gloo group
+    # joins its worker thread while holding the GIL, and that thread may still be freeing a finished
+    # collective's tensors, which needs the GIL (a deadlock seen about once in ten launches).
+    accelerator.wait_for_everyone()
+
+
+def reset_accelerate_state():
+    """Forget an Accelerator (or Trainer) made in this kernel: forked workers must not inherit it.
+
+    Accelerate's notebook_launcher refuses to start while one exists.
+    """
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    if AcceleratorState._shared_state or PartialState._shared_state:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+
+
+def traceback_path(results_path, rank):
+    """Where the worker of process ``rank`` writes its traceback when it raises."""
+    return Path(results_path).with_name(f"traceback-process-{rank}.txt")
+
+
+def stack_path(results_path, rank):
+    """Where the worker of process ``rank`` writes its threads' stacks when the watchdog stops it."""
+    return Path(results_path).with_name(f"stack-process-{rank}.txt")
+
+
+def read_per_process(path_of, results_path, num_processes):
+    """{rank: text} of the per-process files (tracebacks or stacks) that the workers wrote."""
+    paths = {rank: path_of(results_path, rank) for rank in range(num_processes)}
+    return {rank: path.read_text() for rank, path in paths.items() if path.exists() and path.stat().st_size}
+
+
+def fresh_progress_bar_locks():
+    """Give tqdm (datasets' progress bars) locks of this process only.
+
+    Inherited through fork, tqdm's lock is a semaphore shared with the notebook's process and with the
+    other workers, plus a thread lock copied in whatever state another thread held it: a worker killed
+    while holding it, or a copy taken mid-use, blocks every later progress bar, in every process.
+    """
+    from tqdm import std
+
+    classes = [std.tqdm]
+    while classes:
+        cls = classes.pop()
+        classes.extend(cls.__subclasses__())
+        if "_lock" in vars(cls) and cls is not std.tqdm:
+            delattr(cls, "_lock")
+    std.tqdm.set_lock(threading.RLock())
+
+
+def free_port():
+    """A TCP port that nothing listens on now, for the processes to meet at."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_is_busy(port):
+    """Whether something already listens on ``port`` of the loopback interface."""
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", int(port))) == 0
+
+
+def require_loopback():
+    """The processes meet on 127.0.0.1: fail now, clearly, rather than wait for a rendezvous that cannot happen."""
+    try:
+        with socket.socket() as server:
+            server.bind(("127.0.0.1", 0))
+            server.listen()
+            socket.create_connection(server.getsockname(), timeout=2).close()
+    except OSError as error:
+        raise RuntimeError(
+            f"the worker processes talk over the loopback interface (127.0.0.1), which does not answer here "
+            f"({error}). In a network namespace made with `unshare -n`, bring it up first: ip link set lo up") from None
+
+
+@contextlib.contextmanager
+def _one_thread_per_process():
+    """OMP_NUM_THREADS=1 for the workers, unless set (Accelerate would otherwise set it, with a warning)."""
+    from accelerate.utils import patch_environment
+
+    with patch_environment(omp_num_threads=os.environ.get("OMP_NUM_THREADS", "1")):
+        yield
+
+
+@contextlib.contextmanager
+def _quiet_launcher_logs():
+    """Torch elastic logs a failed worker's traceback with pids and times; we raise it ourselves."""
+    loggers = [logging.getLogger(name) for name in ("torch.distributed.elastic", "torch.multiprocessing")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+_freeze_at_fork = False
+
+
+def _freeze_before_fork():
+    if _freeze_at_fork:
+        gc.freeze()  # the child inherits these objects as permanent: its collector never frees them
+
+
+def _unfreeze_in_parent():
+    if _freeze_at_fork:
+        gc.unfreeze()
+
+
+@contextlib.contextmanager
+def _frozen_at_fork():
+    """While active, a worker's garbage collector never frees objects it inherited from this process.
+
+    The launcher makes objects (its rendezvous store among them) between our gc.collect() and the
+    fork; freed in a worker, a store's destructor waits for a thread that only exists here, and the
+    worker hangs in its own rendezvous. gc.freeze() before the fork is what Python's gc docs advise.
+    """
+    global _freeze_at_fork
+    if not getattr(_frozen_at_fork, "registered", False):
+        os.register_at_fork(before=_freeze_before_fork, after_in_parent=_unfreeze_in_parent)
+        _frozen_at_fork.registered = True
+    _freeze_at_fork = True
+    try:
+        yield
+    finally:
+        _freeze_at_fork = False
+
+
+class Watchdog:
+    """Stops the worker processes forked while it is active, if they run longer than ``timeout_s``."""
+
+    def __init__(self, timeout_s):
+        import psutil
+
+        self.timeout_s, self.fired = timeout_s, False
+        self.me = psutil.Process()
+        self.timer = threading.Timer(timeout_s, self.stop_workers)
+        self.timer.daemon = True
+
+    def __enter__(self):
+        self.before = {p.pid for p in self.me.children()}  # e.g. a notebook's other processes: not ours
+        self.timer.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.timer.cancel()
+
+    def stop_workers(self):
+        """Ask each worker for its threads' stacks (see _forked_worker), then kill it."""
+        import psutil
+
+        workers = [p for p in self.me.children() if p.pid not in self.before]
+        self.fired = True
+        for process in workers:
+            with contextlib.suppress(psutil.Error):
+                process.send_signal(signal.SIGUSR1)
+        time.sleep(1.0)
+        for process in workers:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+
+
+class WorkerTimeoutError(RuntimeError):
+    """The worker processes ran past the time limit and were stopped; the message says where they were."""
+
+    def __init__(self, timeout_s, stacks):
+        where = "\n".join(f"process {rank}:\n{text.strip()}" for rank, text in sorted(stacks.items()))
+        super().__init__(f"the worker processes were still running after {timeout_s} s and were stopped. "
+                         f"A process waiting for a collective that another never joins looks like this.\n{where}")
+        self.stacks = stacks
+
+
+def is_peer_failure(traceback_text):
+    """Whether a worker failed only because a peer process vanished (gloo's 'closed/reset by peer')."""
+    return "by peer" in traceback_text or "gloo/transport" in traceback_text
+
+
+class WorkerFailedError(RuntimeError):
+    """A worker process raised: its traceback, as the worker wrote it."""
+
+    def __init__(self, child_failed_error, tracebacks):
+        for rank, failure in child_failed_error.failures.items():  # as the launcher recorded them
+            message = failure.message
+            if isinstance(message, dict):
+                message = message.get("extraInfo", {}).get("py_callstack") or message.get("message", "")
+            tracebacks.setdefault(rank, str(message))
+        # A worker whose peer vanished fails too, inside gloo ("Connection closed by peer",
+        # "Read error ... reset by peer"): report the worker that failed for its own reason.
+        rank = min(tracebacks, key=lambda r: (is_peer_failure(tracebacks[r]), r))
+        super().__init__(f"worker process {rank} failed:\n{tracebacks[rank]}")
+        self.worker_traceback = tracebacks[rank]

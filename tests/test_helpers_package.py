@@ -1,0 +1,42 @@
+"""Importing any module of the helpers package changes nothing: no seeds, no settings, no network."""
+import json
+import subprocess
+import sys
+
+# Run in a fresh interpreter: in this one, other tests have imported helpers long ago.
+IMPORT_EVERY_MODULE = r"""
+import importlib, json, pkgutil, random, socket
+import matplotlib, numpy, torch
+
+attempts = []
+def refuse(*args, **kwargs):
+    attempts.append(repr(args))
+    raise OSError("network blocked by the test")
+socket.socket.connect = socket.socket.connect_ex = socket.create_connection = refuse
+
+def cannot_import(name):
+    raise ImportError(f"cannot import {name}")
+
+def state():
+    numpy_state = [v.tolist() if isinstance(v, numpy.ndarray) else v for v in numpy.random.get_state()]
+    return {"torch RNG": torch.get_rng_state().tolist(), "numpy RNG": numpy_state, "python random": random.getstate(),
+            "matplotlib rcParams": repr(sorted(matplotlib.rcParams.items())),
+            "torch default dtype": str(torch.get_default_dtype())}
+
+before = state()
+import helpers
+imported = [m.name for m in pkgutil.walk_packages(helpers.__path__, "helpers.", onerror=cannot_import)]
+for name in imported:
+    importlib.import_module(name)
+after = state()
+print(json.dumps({"imported": imported, "attempts": attempts, "changed": [k for k in before if before[k] != after[k]]}))
+"""
+
+
+def test_importing_every_helpers_module_has_no_side_effects():
+    result = subprocess.run([sys.executable, "-c", IMPORT_EVERY_MODULE], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.splitlines()[-1])
+    assert {"helpers.models", "helpers.plots", "helpers.practice.adamw"} <= set(report["imported"]), report["imported"]
+    assert report["changed"] == [], f"importing helpers changed: {report['changed']}"
+    assert report["attempts"] == [], f"importing helpers tried to connect: {report['attempts']}"

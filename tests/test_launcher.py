@@ -1,0 +1,117 @@
+"""The notebook launcher of lesson 03 (helpers/launcher.py): real processes, and every way a launch can go wrong."""
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from helpers import launcher
+from helpers.launcher import WorkerFailedError, WorkerTimeoutError, run_in_processes
+
+
+def reports_who_it_is(accelerator, greeting):
+    """A worker that only says which process it is and how it was set up."""
+    import torch
+
+    return {"greeting": greeting, "processes": accelerator.num_processes, "device": accelerator.device.type,
+            "threads": torch.get_num_threads()}
+
+
+def fails_on_process_1(accelerator):
+    """Fault injection, for the tests only: process 1 raises at once, process 0 waits for it in a collective."""
+    if accelerator.process_index == 1:
+        raise RuntimeError("injected failure on process 1")
+    accelerator.wait_for_everyone()
+
+
+def sleeps_forever(accelerator):
+    time.sleep(3600)
+
+
+def makes_a_progress_bar(accelerator):
+    from tqdm import tqdm
+
+    for _ in tqdm(range(3), disable=True):  # creating a bar takes tqdm's lock, even when it shows nothing
+        pass
+    return "ok"
+
+
+def test_a_worker_runs_on_two_processes_and_process_0_returns_its_result():
+    result = run_in_processes(reports_who_it_is, ("hello",), num_processes=2)
+    expected_device = "cuda" if __import__("torch").cuda.is_available() else "cpu"
+    assert result == {"greeting": "hello", "processes": 2, "device": expected_device, "threads": 1}
+
+
+def test_a_failing_worker_reports_its_own_traceback_fast():
+    start = time.perf_counter()
+    with pytest.raises(WorkerFailedError, match="worker process 1 failed") as caught:
+        run_in_processes(fails_on_process_1, ())
+    assert "injected failure on process 1" in caught.value.worker_traceback
+    assert "Traceback" in caught.value.worker_traceback
+    assert time.perf_counter() - start < 60  # not a hang in a collective
+
+
+def test_a_busy_port_and_an_existing_accelerator_do_not_break_the_launch():
+    import socket
+
+    from accelerate import Accelerator
+
+    Accelerator(cpu=True)  # as a Trainer in the same kernel would
+    with socket.socket() as blocker:  # something else listens on the port we ask for
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        busy_port = blocker.getsockname()[1]
+        assert launcher.port_is_busy(busy_port)
+        assert run_in_processes(reports_who_it_is, ("busy",), port=busy_port)["processes"] == 2
+
+
+@pytest.mark.parametrize("bad", [1, 0, 2.0, True])
+def test_fewer_than_two_processes_get_a_clear_error(bad):
+    with pytest.raises(ValueError, match="at least 2 processes"):
+        run_in_processes(reports_who_it_is, ("x",), num_processes=bad)
+
+
+@pytest.mark.parametrize("bad", [0, -5, None])
+def test_a_timeout_that_is_not_positive_gets_a_clear_error(bad):
+    with pytest.raises(ValueError, match="timeout_s must be a positive"):
+        run_in_processes(reports_who_it_is, ("x",), timeout_s=bad)
+
+
+@pytest.mark.parametrize("peer_error", [
+    "RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:28843.",
+    "RuntimeError: [../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:22960: Connection reset by peer."])
+def test_the_root_cause_is_reported_not_the_peer_that_lost_its_connection(peer_error):
+    error = WorkerFailedError(SimpleNamespace(failures={}),
+                              {0: f"Traceback ...\n{peer_error}\n", 1: "Traceback ...\nValueError: bad batch\n"})
+    assert str(error).startswith("worker process 1 failed")
+    assert error.worker_traceback.endswith("ValueError: bad batch\n")
+
+
+def test_a_dead_loopback_interface_fails_fast_with_the_fix(monkeypatch):
+    def unreachable(*args, **kwargs):
+        raise OSError(101, "Network is unreachable")
+
+    monkeypatch.setattr(launcher.socket, "create_connection", unreachable)
+    with pytest.raises(RuntimeError, match="ip link set lo up"):
+        run_in_processes(reports_who_it_is, ("x",))
+
+
+def test_workers_that_never_finish_are_stopped_and_say_where_they_were():
+    start = time.perf_counter()
+    with pytest.raises(WorkerTimeoutError) as caught:
+        run_in_processes(sleeps_forever, (), timeout_s=5)
+    assert time.perf_counter() - start < 60
+    assert "sleeps_forever" in str(caught.value) and "process 0" in str(caught.value)
+
+
+def test_a_progress_bar_in_a_worker_does_not_wait_for_the_notebooks_tqdm_lock():
+    # tqdm's lock is a semaphore that fork shares with the parent; workers get locks of their own
+    from tqdm import tqdm
+
+    with tqdm.get_lock():  # held here, as tqdm's monitor thread holds it now and then
+        assert run_in_processes(makes_a_progress_bar, (), timeout_s=60) == "ok"
+
+
+def test_a_result_that_is_not_json_is_reported_as_the_workers_error():
+    with pytest.raises(WorkerFailedError, match="not JSON serializable"):
+        run_in_processes(lambda accelerator: {"path": Path(".")}, ())

@@ -1,0 +1,135 @@
+"""Every figure of the course: a Figure with the expected panels and words, and clear errors on bad input.
+
+The inputs have the shapes the notebooks pass (grep notebooks/ for `plots.`).
+"""
+import inspect
+import io
+
+import matplotlib.pyplot as plt
+import pytest
+from matplotlib.figure import Figure
+
+from helpers import plots
+
+
+def collective_events(every, steps=24):
+    """One worker's log as helpers.collectives writes it: an all_reduce every ``every`` steps."""
+    return [{"step": s, "seconds": 0.01 * s, "collective": "all_reduce", "bytes": 4096}
+            for s in range(every, steps + 1, every)]
+
+
+STATUSES = {
+    "no checkpointing": {"x": "input", "A": "kept", "B": "kept", "C": "kept", "loss": "not kept"},
+    "checkpointing": {"x": "input", "A": "recomputed", "B": "recomputed", "C": "recomputed", "loss": "not kept"},
+    "selective (keep B)": {"x": "input", "A": "recomputed", "B": "kept", "C": "recomputed", "loss": "not kept"},
+}
+STACK_ROWS = [{"name": "no checkpointing", "peak_activation_mib": 40.0, "time_ratio": 1.0},
+              {"name": "every block", "peak_activation_mib": 9.5, "time_ratio": 1.31}]
+LINES = {"Trainer": 14, "Accelerator": 27, "plain PyTorch loop": 31}
+LEVELS = {"Trainer": 1, "Accelerator": 2, "plain PyTorch loop": 2}
+EVENTS = {"DDP": [collective_events(1), collective_events(1)],
+          "Local SGD, k = 8": [collective_events(8), collective_events(8)]}
+GAPS = [(step, 0.0 if step % 8 == 0 else 0.002 * (step % 8)) for step in range(1, 25)]
+SWEEP = [{"k": k, "bytes": 64 * 2**20 // k, "val_loss": 0.69 + 0.001 * k} for k in (1, 2, 4, 8, 16)]
+DDP_ROW = {"bytes": 64 * 2**20, "val_loss": 0.69}
+OPTIMIZER_ROWS = [{"name": "AdamW", "bytes_per_parameter": 8.0, "state_bits": 32},
+                  {"name": "Adafactor", "bytes_per_parameter": 0.05, "state_bits": 32},
+                  {"name": "8-bit AdamW", "bytes_per_parameter": 2.03, "state_bits": 8}]
+GRADIENTS = [0.5 + (-1) ** i * 0.3 for i in range(200)]
+GRID = {"gradient": [0.1] * 32, "EMA of gradients": [0.01] * 32, "EMA of squared gradients": [0.001] * 32}
+
+# function name -> (arguments, number of panels, words the figure must show)
+GOOD = {
+    "three_levers_figure": (dict(highlight="communication"), 1, ["Three levers of efficient training"]),
+    "recompute_graph_figure": (dict(statuses_by_mode=STATUSES, labels={"A": "A\nsin"}), 3,
+                               [*STATUSES, "A\nsin", "recomputed"]),
+    "memory_time_tradeoff_figure": (dict(rows=STACK_ROWS, reference_blocks=16), 1,
+                                    ["every block", "Chen et al. 2016", "peak activation memory (MiB)"]),
+    "ease_versus_customisability_figure": (dict(lines_written=LINES, customisability=LEVELS), 1,
+                                           ["Trainer\n(14 lines)", "customisability"]),
+    "sync_timeline_figure": (dict(events_by_run=EVENTS), 2, ["DDP: orange", "Local SGD, k = 8: orange",
+                                                               "optimizer step"]),
+    "weight_gap_figure": (dict(gaps=GAPS, local_sgd_steps=8), 1, ["max |weight difference|"]),
+    "communication_sweep_figure": (dict(rows=SWEEP, ddp_row=DDP_ROW), 2,
+                                   ["MiB sent per process", "validation loss", "local_sgd_steps k"]),
+    "optimizer_tradeoff_figure": (dict(rows=OPTIMIZER_ROWS), 1, ["8-bit AdamW\n2.03 B/param", "fits in 1 GiB"]),
+    "ema_figure": (dict(gradients=GRADIENTS, exp_avg=GRADIENTS, exp_avg_sq=GRADIENTS), 2, ["step"]),
+    "memory_grid_figure": (dict(states=GRID), 3, ["gradient: 4 bytes per parameter"]),
+}
+
+
+def figure_words(fig):
+    """Every piece of text on the figure: titles, axis labels, annotations, legends."""
+    return {t.get_text() for t in fig.findobj(lambda artist: hasattr(artist, "get_text"))}
+
+
+def test_every_figure_function_has_a_case():
+    public = {name for name, f in inspect.getmembers(plots, inspect.isfunction)
+              if not name.startswith("_") and f.__module__ == plots.__name__}
+    assert public == set(GOOD)
+
+
+@pytest.mark.parametrize("name", GOOD)
+def test_a_figure_with_its_panels_and_words(name):
+    arguments, panels, words = GOOD[name]
+    fig = getattr(plots, name)(**arguments)
+    assert isinstance(fig, Figure)
+    assert not plt.get_fignums(), "made through pyplot: a notebook would show it twice and never free it"
+    assert len([ax for ax in fig.axes if ax.get_label() != "<colorbar>"]) == panels
+    shown = figure_words(fig)
+    for word in words:
+        assert any(word in text for text in shown), f"{word!r} not on the figure; it shows {sorted(shown)}"
+    fig.savefig(io.BytesIO(), format="png")  # it renders (Agg, without touching pyplot's backend)
+
+
+def test_the_weight_gap_figure_marks_every_synchronization():
+    ax = plots.weight_gap_figure(GAPS, local_sgd_steps=8).axes[0]
+    marked = sorted(line.get_xdata()[0] for line in ax.lines[1:])  # lines[0] is the gap curve
+    assert marked == [8, 16, 24]
+
+
+def test_the_sync_timeline_marks_the_steps_that_communicated():
+    fig = plots.sync_timeline_figure(EVENTS)
+    marks = fig.axes[1].collections[-1].get_offsets()[:, 0]  # Local SGD's worker 1 (the last drawn)
+    assert sorted(marks) == [8, 16, 24]
+
+
+BAD = [
+    ("three_levers_figure", dict(highlight="speed"), "highlight must be one of memory, communication, computation"),
+    ("recompute_graph_figure", dict(statuses_by_mode={}), "statuses_by_mode is empty"),
+    ("recompute_graph_figure", dict(statuses_by_mode={"m": {"D": "kept"}}), r"unknown node \['D'\].*x, A, B, C, loss"),
+    ("recompute_graph_figure", dict(statuses_by_mode={"m": {"A": "saved"}}), "unknown status.*use one of input"),
+    ("memory_time_tradeoff_figure", dict(rows=[]), "rows is empty"),
+    ("memory_time_tradeoff_figure", dict(rows=[{"name": "a", "peak_activation_mib": 1.0}]),
+     r"rows\[0\] lacks 'time_ratio'"),
+    ("memory_time_tradeoff_figure", dict(rows=STACK_ROWS, reference_blocks=0), "reference_blocks .* positive integer"),
+    ("ease_versus_customisability_figure", dict(lines_written={}, customisability={}), "lines_written is empty"),
+    ("ease_versus_customisability_figure", dict(lines_written=LINES, customisability={**LEVELS, "Trainer": 3}),
+     "customisability must be 1 .* or 2"),
+    ("sync_timeline_figure", dict(events_by_run={}), "events_by_run is empty"),
+    ("sync_timeline_figure", dict(events_by_run=EVENTS, last_step=0), "last_step must be a positive integer"),
+    ("sync_timeline_figure", dict(events_by_run={"DDP": [[{"collective": "all_reduce"}]]}),
+     r"events_by_run\['DDP'\]\[0\]\[0\] lacks 'step'"),
+    ("weight_gap_figure", dict(gaps=[], local_sgd_steps=8), "gaps is empty"),
+    ("weight_gap_figure", dict(gaps=GAPS, local_sgd_steps=0), "local_sgd_steps must be a positive integer, got 0"),
+    ("communication_sweep_figure", dict(rows=[], ddp_row=DDP_ROW), "rows is empty"),
+    ("communication_sweep_figure", dict(rows=SWEEP, ddp_row={"bytes": 1}), "ddp_row.* lacks 'val_loss'"),
+    ("optimizer_tradeoff_figure", dict(rows=[{**OPTIMIZER_ROWS[0], "bytes_per_parameter": 0}]),
+     r"bytes_per_parameter must be > 0 .*\['AdamW'\]"),
+    ("optimizer_tradeoff_figure", dict(rows=OPTIMIZER_ROWS, state_budget_bytes=0), "state_budget_bytes must be > 0"),
+    ("ema_figure", dict(gradients=GRADIENTS, exp_avg=GRADIENTS[:-1], exp_avg_sq=GRADIENTS),
+     "one value per step each, got lengths 200, 199 and 200"),
+    ("memory_grid_figure", dict(states={f"state {i}": [1.0] * 16 for i in range(5)}), "at most 4 states"),
+    ("memory_grid_figure", dict(states={"gradient": [1.0] * 30}),
+     "'gradient' has 30 values; .* multiple of columns=16"),
+]
+
+
+@pytest.mark.parametrize("name, arguments, message", BAD, ids=[f"{name}-{i}" for i, (name, _, _) in enumerate(BAD)])
+def test_bad_input_gets_a_sentence(name, arguments, message):
+    with pytest.raises(ValueError, match=message):
+        getattr(plots, name)(**arguments)
+
+
+def test_every_figure_function_rejects_some_bad_input():
+    assert {name for name, _, _ in BAD} == set(GOOD)
