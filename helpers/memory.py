@@ -19,7 +19,8 @@ class MemoryReport:
     """What one forward + backward held, in bytes.
 
     Tensors are identified by allocation ids: one per block of memory the run created
-    (a view shares its base's id; an address reused after a free gets a new id).
+    (a view shares its base's id, so does a block that resize_ grows; memory reused after
+    a free gets a new id).
     """
     saved_bytes: int  # created in forward and still alive after it (output excluded): kept for backward
     peak_bytes: int  # most bytes alive at once among tensors created in forward + backward
@@ -38,59 +39,114 @@ class MemoryReport:
 
 
 def storage_key(tensor):
-    """One key per memory block, shared by a tensor and all its views."""
-    return (tensor.device.type, tensor.untyped_storage().data_ptr())
+    """One key per memory block, shared by a tensor and all its views, and kept when resize_ grows it.
+
+    It is the address of the storage object (``_cdata``), the identity PyTorch itself gives a storage
+    (``_StorageBase.__deepcopy__`` in torch/storage.py), not the address of the data: resize_ moves
+    the data of a block it grows to a new address, but keeps the storage object.
+    """
+    return tensor.untyped_storage()._cdata
+
+
+def _has_memory(tensor):
+    """Whether ``tensor`` has one plain storage with real memory to count (not meta, not sparse)."""
+    if tensor.device.type == "meta":
+        return False
+    try:
+        tensor.untyped_storage()
+    except (RuntimeError, NotImplementedError):  # sparse layouts and others hold several storages, or none
+        return False
+    return True
 
 
 class LiveTensorTracker(TorchDispatchMode):
-    """Counts the bytes of tensor storages created under it that are still alive, and the peak."""
+    """Counts the bytes of tensor storages created under it that are still alive, and the peak.
+
+    An op's output is new memory when its storage is neither tracked already nor one of the op's
+    inputs, whatever the op's schema declares: aten._unsafe_view returns its input's memory with no
+    alias in its schema. A storage can grow after its creation (resize_, an out= op writing into an
+    empty tensor): the size of every tracked storage an op touches is read again after the op.
+    Not counted: growth of memory made before the measurement, tensors without one plain storage
+    (meta, sparse), and the scratch memory a kernel frees before it returns.
+    """
 
     def __init__(self):
         super().__init__()
         self.live_bytes = 0
         self.peak_bytes = 0
-        self.live = {}  # storage key -> [allocation id, live tensors, bytes]; dies with its last view
-        self.created = []  # (op name, allocation id, bytes) of each new allocation
-        self.events = []  # (allocation id, +bytes when created or -bytes when freed), in order
+        # storage key -> [allocation id (None while the storage is empty), live tensors, bytes];
+        # the entry dies with the last tensor that views the storage
+        self.live = {}
+        self.created = []  # (op name, allocation id, bytes: the most the block held) of each new allocation
+        self.events = []  # (allocation id, change in bytes: + when created or grown, - when freed), in order
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        # A view or an in-place op returns memory that already existed: never new bytes.
-        aliases_an_input = any(r.alias_info is not None for r in func._schema.returns)
-        for tensor in tree_leaves(out):
-            if isinstance(tensor, torch.Tensor):
-                self._track(tensor, func, aliases_an_input)
+        kwargs = kwargs or {}
+        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and _has_memory(t)]
+        input_keys = {storage_key(t) for t in inputs}
+        out = func(*args, **kwargs)
+        outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and _has_memory(t)]
+        # torch.tensor(data) fills a fresh tensor with every mode off, then hands it to lift_fresh, which
+        # returns it (torch/fx/experimental/proxy_tensor.py, at "When we trace through a torch.tensor"):
+        # that memory is new although lift_fresh's schema says its output aliases its input.
+        fresh = func is torch.ops.aten.lift_fresh.default
+        declared_alias = any(r.alias_info is not None for r in func._schema.returns)
+        name = func.overloadpacket.__name__
+        for tensor in outputs:
+            key = storage_key(tensor)
+            if key not in self.live:
+                if not fresh and (declared_alias or key in input_keys):
+                    continue  # memory made before the measurement, returned again (a view, in place, _unsafe_view)
+                self.live[key] = [None, 0, 0]
+            self.live[key][1] += 1
+            weakref.finalize(tensor, self._release, key)
+        for tensor in inputs + outputs:  # resize_ and out= ops grow storages that exist already
+            key = storage_key(tensor)
+            if key in self.live:
+                self._set_size(key, tensor.untyped_storage().nbytes(), name)
         return out
 
-    def _track(self, tensor, func, aliases_an_input):
-        key = storage_key(tensor)
-        if key[1] == 0 or (aliases_an_input and key not in self.live):
-            return  # an empty tensor, or a view of memory made before the measurement
-        if key not in self.live:
-            alloc, nbytes = len(self.created), tensor.untyped_storage().nbytes()
-            self.live[key] = [alloc, 0, nbytes]
-            self.live_bytes += nbytes
-            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
-            self.created.append((func.overloadpacket.__name__, alloc, nbytes))
-            self.events.append((alloc, nbytes))
-        self.live[key][1] += 1
-        weakref.finalize(tensor, self._release, key)
+    def _set_size(self, key, nbytes, op_name):
+        """Record that the storage ``key`` now holds ``nbytes`` (``op_name`` gave it its size)."""
+        entry = self.live[key]
+        change = nbytes - entry[2]
+        if change == 0:
+            return
+        if entry[0] is None:  # its first bytes: from now on, an allocation of its own
+            entry[0] = len(self.created)
+            self.created.append((op_name, entry[0], nbytes))
+        else:
+            first_op, alloc, most = self.created[entry[0]]
+            self.created[alloc] = (first_op, alloc, max(most, nbytes))
+        entry[2] = nbytes
+        self.live_bytes += change
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        self.events.append((entry[0], change))
 
     def _release(self, key):
         entry = self.live[key]
         entry[1] -= 1
         if entry[1] == 0:
             alloc, _, nbytes = self.live.pop(key)
-            self.live_bytes -= nbytes
-            self.events.append((alloc, -nbytes))
+            if nbytes:
+                self.live_bytes -= nbytes
+                self.events.append((alloc, -nbytes))
 
     def allocation_id(self, tensor):
         """The allocation id of a live tensor created under this tracker, else None."""
-        entry = self.live.get(storage_key(tensor))
+        entry = self.live.get(storage_key(tensor)) if _has_memory(tensor) else None
         return entry[0] if entry else None
 
+    def _entries(self):
+        # a copy: a tensor freed by the garbage collector meanwhile would change the dict under the loop
+        return [entry for entry in list(self.live.values()) if entry[0] is not None]
+
     def alive_ids(self):
-        return {alloc for alloc, _, _ in self.live.values()}
+        return {alloc for alloc, _, _ in self._entries()}
+
+    def alive_bytes(self, ids):
+        """The bytes the live allocations in ``ids`` hold now."""
+        return sum(nbytes for alloc, _, nbytes in self._entries() if alloc in ids)
 
     def peak_bytes_excluding(self, ids):
         """The peak of live bytes, replayed without the allocations in ``ids``."""
@@ -107,7 +163,8 @@ def measure_memory(forward_fn, backward=True):
 
     ``forward_fn`` takes no argument and returns a tensor that needs a gradient (a loss,
     or any output: backward then uses a gradient of ones). Tensors that exist before the
-    call (inputs, parameters) are not counted; everything created during it is.
+    call (inputs, parameters) are not counted; everything created during it is, with the
+    limits that ``LiveTensorTracker`` lists. ``backward=False`` measures the forward pass only.
     """
     on_cuda = torch.cuda.is_available()
     if on_cuda:
@@ -118,7 +175,11 @@ def measure_memory(forward_fn, backward=True):
 
     def pack(tensor):
         packed.add(tracker.allocation_id(tensor))
-        return tensor
+        # A detached alias, not the tensor: an op that saves its own output (exp, tanh) would hold it,
+        # and so itself through its grad_fn, in a reference cycle that is never freed, as the warning in
+        # saved_tensors_hooks' docstring (torch/autograd/graph.py) says. detach() runs under the tracker,
+        # so the alias keeps the memory in the count for as long as the graph holds it.
+        return tensor.detach()
 
     with tracker, torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         output = forward_fn()
@@ -129,7 +190,7 @@ def measure_memory(forward_fn, backward=True):
             "run it under torch.no_grad()")
     alive = tracker.alive_ids() - {tracker.allocation_id(output)}
     created_in_forward = list(tracker.created)
-    saved_bytes = sum(nbytes for _, alloc, nbytes in tracker.created if alloc in alive)
+    saved_bytes = tracker.alive_bytes(alive)
     if backward:
         with tracker:
             output.backward(torch.ones_like(output))

@@ -1,4 +1,5 @@
 """The memory meter and op counter, on cases with known answers."""
+import weakref
 from functools import partial
 
 import pytest
@@ -54,33 +55,59 @@ def test_saved_bytes_match_what_autograd_packs_without_checkpointing():
     packed = {}
     def pack(t):
         packed[storage_key(t)] = t.untyped_storage().nbytes()
-        return t
+        return t.detach()  # not t: a tensor that saves itself would never be freed (saved_tensors_hooks' warning)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         forward()
     assert storage_key(leaf["h"]) not in packed  # relu keeps its output, not h
     assert measure_memory(forward).saved_bytes == sum(packed.values()) + leaf["h"].nbytes
 
 
-def test_selective_checkpointing_keeps_the_must_save_output_outside_autograds_hooks():
-    def must_save_mm(ctx, op, *args, **kwargs):
-        return CheckpointPolicy.MUST_SAVE if op == torch.ops.aten.mm.default else CheckpointPolicy.PREFER_RECOMPUTE
+def must_save_mm(ctx, op, *args, **kwargs):
+    return CheckpointPolicy.MUST_SAVE if op == torch.ops.aten.mm.default else CheckpointPolicy.PREFER_RECOMPUTE
 
-    w = torch.randn(64, 64, requires_grad=True)
 
-    def forward():
-        h = torch.randn(32, 64, requires_grad=True)
-        region = lambda t: torch.sin(t) * (t @ w)
-        return checkpoint(region, h, use_reentrant=False,
-                          context_fn=partial(create_selective_checkpoint_contexts, must_save_mm)).sum()
+SAC_WEIGHT = torch.randn(64, 64, requires_grad=True)
 
-    report = measure_memory(forward)
-    assert report.kept("mm") and not report.kept("sin")
-    mm_output = next(alloc for name, alloc, _ in report.created_in_forward if name == "mm")
-    assert mm_output not in report.saved_by_autograd  # the cache bypasses saved_tensors_hooks
-    assert report.saved_bytes == 2 * 32 * 64 * 4  # the region's input and the mm output
-    _, backward_ops = count_ops(forward)
-    assert backward_ops.get("sin", 0) == 1  # recomputed
-    assert backward_ops.get("mm", 0) == 2  # only the two gradient matmuls: no recompute of the cached one
+
+def sin_times_mm(t):
+    return torch.sin(t) * (t @ SAC_WEIGHT)
+
+
+def sin_times_mm_loss(how):
+    """The loss of sin(h) * (h @ w) for a fresh h (allocation 0), without checkpoint or with one."""
+    h = torch.randn(32, 64, requires_grad=True)
+    if how == "none":
+        return sin_times_mm(h).sum()
+    context_fn = partial(create_selective_checkpoint_contexts, must_save_mm) if how == "selective" else None
+    kwargs = {"context_fn": context_fn} if context_fn else {}
+    return checkpoint(sin_times_mm, h, use_reentrant=False, **kwargs).sum()
+
+
+def test_autograds_hooks_see_every_saved_tensor_without_checkpointing():
+    report = measure_memory(partial(sin_times_mm_loss, "none"))
+    ids = {name: alloc for name, alloc, _ in report.created_in_forward}
+    # sin and mm save h; mul saves both of its factors, sin(h) and h @ w
+    assert report.saved_by_autograd == {ids["randn"], ids["sin"], ids["mm"]}
+    assert report.saved_bytes == 3 * 32 * 64 * 4
+
+
+@pytest.mark.parametrize("how", ["plain", "selective"])
+def test_inside_a_checkpoint_autograds_hooks_see_only_the_regions_input(how):
+    # Every checkpoint enters saved_tensors_hooks of its own around the region's forward, and only the
+    # innermost pair applies (torch/autograd/graph.py, saved_tensors_hooks' warning; _checkpoint_hook in
+    # torch/utils/checkpoint.py): the meter's pack never sees a tensor saved inside the region. It sees
+    # the region's input, which checkpoint saves before entering its hooks. So that count says nothing
+    # of what the region keeps: plain checkpointing shows only the input too.
+    report = measure_memory(partial(sin_times_mm_loss, how))
+    assert report.saved_by_autograd == {0}  # h, the randn
+    if how == "plain":
+        assert report.alive_after_forward == {0} and report.saved_bytes == 32 * 64 * 4
+    else:  # the selective cache keeps the mm output, out of autograd's sight
+        assert report.kept("mm") and not report.kept("sin")
+        assert report.saved_bytes == 2 * 32 * 64 * 4  # the region's input and the mm output
+        _, backward_ops = count_ops(partial(sin_times_mm_loss, how))
+        assert backward_ops.get("sin", 0) == 1  # recomputed
+        assert backward_ops.get("mm", 0) == 2  # only the two gradient matmuls: no recompute of the cached one
 
 
 def test_peak_activation_leaves_out_gradients_that_outlive_the_step():
@@ -115,3 +142,114 @@ def test_count_ops_separates_forward_and_backward():
     forward_ops, backward_ops = count_ops(lambda: torch.randn(4, requires_grad=True).sin().sum())
     assert forward_ops["sin"] == 1 and "sin" not in backward_ops
     assert backward_ops["cos"] == 1  # d sin / dx = cos
+
+
+N = 1000  # elements of float32: one unit of 4000 bytes
+UNIT = 4 * N
+
+
+def test_the_peak_of_two_ops_by_hand():
+    x = torch.randn(N, requires_grad=True)  # made before: not counted
+    report = measure_memory(lambda: x.sin().exp())
+    # Forward: sin makes a, exp makes b (2 units at once); sin keeps x, exp keeps its output b, so a
+    # dies and nothing but the output is left: 0 bytes kept for backward.
+    assert report.saved_bytes == 0
+    # Backward, with the output b alive: b and the gradient of ones g (2 units); exp's backward makes
+    # g1 = g * b (3); sin's backward makes cos(x) (4), then g1 * cos(x) (5), which becomes x.grad.
+    assert report.peak_bytes == 5 * UNIT
+    assert report.peak_activation_bytes == 4 * UNIT  # x.grad outlives the step
+    assert torch.equal(x.grad, x.detach().cos() * x.detach().sin().exp())
+
+
+def test_the_peak_with_one_checkpoint_by_hand():
+    x = torch.randn(N, requires_grad=True)
+    first_half = lambda t: t.exp().exp()
+    plain = measure_memory(lambda: first_half(x).exp().exp().sum())
+    checkpointed = measure_memory(lambda: checkpoint(first_half, x, use_reentrant=False).exp().exp().sum())
+    scalars = 2 * 4  # the loss and its gradient of ones, alive through backward
+    # Without: each exp keeps its output, 4 units; the first backward mul makes a fifth.
+    assert plain.saved_bytes == 4 * UNIT
+    assert plain.peak_bytes == plain.peak_activation_bytes == 5 * UNIT + scalars
+    # With: the region keeps nothing (its input x was made before); the two exps after it keep theirs.
+    # Backward through those two (3 units at most) leaves only the gradient g of the region's output
+    # (1 unit); then the region runs again, its two outputs (3), and g times the second makes a fourth.
+    assert checkpointed.saved_bytes == 2 * UNIT
+    assert checkpointed.peak_bytes == checkpointed.peak_activation_bytes == 4 * UNIT + scalars
+
+
+def test_a_tensor_that_saves_itself_is_freed_when_dropped():
+    x = torch.randn(N, requires_grad=True)
+    dropped = {}
+
+    def forward():
+        y = x.exp()  # exp keeps its own output for backward: y's grad_fn holds y's memory
+        dropped["y"] = weakref.ref(y)
+        return x.sin().sum()
+
+    report = measure_memory(forward)
+    assert dropped["y"]() is None  # gone at once, without waiting for the garbage collector
+    assert not report.kept("exp") and report.saved_bytes == 0  # sin keeps x (made before), sum nothing
+
+
+def test_a_tensor_that_saves_itself_is_kept_while_used_and_gives_the_right_gradient():
+    x = torch.randn(N, requires_grad=True)
+    report = measure_memory(lambda: x.exp().sum())
+    assert report.kept("exp") and report.saved_bytes == UNIT
+    exp_id = next(alloc for name, alloc, _ in report.created_in_forward if name == "exp")
+    assert report.saved_by_autograd == {exp_id}
+    assert torch.equal(x.grad, x.detach().exp())  # backward used what the meter's hooks unpacked
+
+
+def test_forward_only():
+    x = torch.randn(N, requires_grad=True)
+    report = measure_memory(lambda: x.sin().exp(), backward=False)
+    # sin's a and exp's b alive at once; then the output and its graph go, freeing everything
+    assert report.saved_bytes == 0 and report.peak_bytes == 2 * UNIT
+    assert report.peak_activation_bytes == 2 * UNIT  # nothing outlives the step, not even b
+    assert x.grad is None
+
+
+def test_memory_grown_after_creation_is_counted():
+    with LiveTensorTracker() as tracker:
+        empty = torch.empty(0)  # no memory yet
+        empty.resize_(1000)  # 4000 bytes
+        small = torch.empty(10)  # 40 bytes
+        small.resize_(500)  # grown to 2000 bytes, at a new address
+    assert tracker.peak_bytes == tracker.live_bytes == 4000 + 2000
+    assert [(name, nbytes) for name, _, nbytes in tracker.created] == [("resize_", 4000), ("empty", 2000)]
+    del empty
+    assert tracker.live_bytes == 2000
+    del small
+    assert tracker.live_bytes == 0
+
+
+def test_an_out_argument_filled_in_forward_is_counted_as_kept():
+    x = torch.randn(N, requires_grad=True)
+
+    def forward():
+        buffer = torch.empty(0)
+        torch.sin(x.detach(), out=buffer)  # sin grows the empty buffer to N floats
+        return (buffer * x).sum()  # mul keeps buffer, the factor of x's gradient
+
+    report = measure_memory(forward)
+    assert report.saved_bytes == UNIT and report.kept("sin")
+
+
+def test_unsafe_view_of_memory_made_before_is_not_new():
+    outside = torch.randn(N)
+    with LiveTensorTracker() as tracker:
+        # _unsafe_view returns its input's memory, but its schema declares no alias
+        of_outside = torch.ops.aten._unsafe_view(outside, (10, 100))
+        inside = torch.randn(N)
+        of_inside = torch.ops.aten._unsafe_view(inside, (10, 100))
+    assert tracker.peak_bytes == UNIT and of_outside.data_ptr() == outside.data_ptr()
+    del inside
+    assert tracker.live_bytes == UNIT  # of_inside still holds that memory
+    del of_inside
+    assert tracker.live_bytes == 0
+
+
+def test_torch_tensor_is_new_memory():
+    with LiveTensorTracker() as tracker:
+        torch.tensor([1.0, 2.0, 3.0])
+    assert tracker.peak_bytes == 12 and tracker.live_bytes == 0
