@@ -9,7 +9,7 @@ NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb notebooks/practice/*.ipynb))
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 LAB_ARGS ?=
 
-.PHONY: install lab test execute bench data slides clean
+.PHONY: install lab test test-other-cpu test-gpu execute bench data slides clean
 
 install: $(INSTALLED)
 
@@ -17,10 +17,13 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 # Reinstalls only when requirements.txt or pyproject.toml change, so a second run is instant.
-$(INSTALLED): requirements.txt pyproject.toml | $(PY)
+$(INSTALLED): requirements.txt pyproject.toml tools/jupyterlab_overrides.json | $(PY)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps -e .
+	@# JupyterLab's first start asks nothing that is not about the course (no news or update prompt)
+	mkdir -p $(VENV)/share/jupyter/lab/settings
+	cp tools/jupyterlab_overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
 	touch $@
 
 # Jupyter refuses to run as root unless told to (containers, CI machines).
@@ -29,8 +32,18 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 lab: $(INSTALLED)
 	$(JUPYTER) lab --notebook-dir=notebooks $(ROOT_FLAG) $(LAB_ARGS)
 
+# The stored outputs are replayed on the CPU by design: a GPU, if any, is hidden from the tests.
+# What depends on the hardware is range-checked in each lesson (helpers/ranges.py), so the replay
+# holds on any CPU; test-other-cpu proves it on PyTorch's plain kernels, test-gpu runs on a GPU.
 test: $(INSTALLED)
-	$(PY) -m pytest $(NBVAL) tests notebooks
+	CUDA_VISIBLE_DEVICES= $(PY) -m pytest $(NBVAL) tests notebooks
+
+test-other-cpu: $(INSTALLED)
+	ATEN_CPU_CAPABILITY=default CUDA_VISIBLE_DEVICES= $(PY) -m pytest $(NBVAL) notebooks
+
+# Every notebook run on the GPU: fails on any cell error or any measured value outside its range.
+test-gpu: $(INSTALLED)
+	$(PY) tools/bench.py --require-gpu $(NOTEBOOKS)
 
 # The only way stored outputs are written: run each notebook top to bottom in the venv.
 execute: $(INSTALLED)
@@ -40,6 +53,7 @@ execute: $(INSTALLED)
 	    --ExecutePreprocessor.timeout=600 --ExecutePreprocessor.record_timing=False "$$nb" || exit 1; \
 	done
 
+# Wall time, peak memory and measured values per notebook; fails on a value outside its range.
 bench: $(INSTALLED)
 	$(PY) tools/bench.py $(NOTEBOOKS)
 

@@ -3,9 +3,10 @@
 ``CollectiveCounter`` wraps torch.distributed's collectives while it is active and logs, for each
 call, the bytes this process *sends*: the tensor the collective's signature names as its input
 (never the output buffer of a gather), and for a broadcast only on the process that is its source.
-It sees calls made through the ``torch.distributed`` namespace (DDP's gradient all-reduce once
-``count_ddp`` routes it through a Python hook, Accelerate's ``LocalSGD``, ``reduce`` and
-``gather``); calls that PyTorch makes internally, between its own functions, are not seen.
+It sees calls made through the ``torch.distributed`` namespace: DDP's gradient all-reduce once
+``count_ddp`` routes it through a Python hook, DDP's broadcast of the model's buffers before each
+forward (``_broadcast_coalesced``, its default ``broadcast_buffers=True``), Accelerate's ``LocalSGD``,
+``reduce`` and ``gather``. Calls that PyTorch makes internally, between its own functions, are not seen.
 """
 import contextlib
 import inspect
@@ -26,6 +27,7 @@ SENT_ARGUMENT = {
     "reduce_scatter_tensor": "input",
     "reduce_scatter_single": "input",
     "barrier": None,
+    "_broadcast_coalesced": "tensors",  # DDP's buffers, from process ``src``; a C++ function, read by position
 }
 
 
@@ -34,6 +36,10 @@ def sent_bytes(name, function, args, kwargs):
     argument = SENT_ARGUMENT[name]
     if argument is None:
         return 0
+    if name == "_broadcast_coalesced":  # (process_group, tensors, buffer_size, src=0): no Python signature
+        tensors, src = args[1], (args[3] if len(args) > 3 else kwargs.get("src", 0))
+        group_rank = dist.get_rank(args[0])
+        return sum(t.numel() * t.element_size() for t in tensors) if group_rank == src else 0
     bound = inspect.signature(function).bind(*args, **kwargs)
     bound.apply_defaults()
     tensor = bound.arguments[argument]

@@ -2,9 +2,15 @@
 import contextlib
 import os
 import platform
+import re
 import socket
 
 import torch
+
+from helpers.paths import REPO_ROOT
+
+SUPPORTED_PYTHON = ((3, 11), (3, 13))  # oldest and newest minor version the course supports
+CHECKED_PACKAGES = ("torch", "transformers", "accelerate", "datasets")
 
 
 def get_device():
@@ -29,6 +35,31 @@ def environment_report():
         "device_name": torch.cuda.get_device_name(0) if device.type == "cuda" else platform.machine(),
         "cpu_cores": os.cpu_count(),
     }
+
+
+def pinned_versions(requirements=REPO_ROOT / "requirements.txt"):
+    """{package: version} of every ``name==version`` line in requirements.txt."""
+    pins = re.findall(r"^([A-Za-z0-9_.-]+)==([^\s#]+)", requirements.read_text(), flags=re.MULTILINE)
+    return {name.lower(): version for name, version in pins}
+
+
+def version_checks(report=None, pins=None):
+    """One line per check: Python in the supported range, each lesson library at its pinned version.
+
+    The lines hold no machine detail (a CUDA build's ``+cu126`` suffix is dropped), so they read the
+    same on every machine where the set-up is right, and say what to do where it is not.
+    """
+    report = report or environment_report()
+    pins = pins or pinned_versions()
+    (oldest, newest), python = SUPPORTED_PYTHON, tuple(int(part) for part in report["python"].split(".")[:2])
+    supported = f"{oldest[0]}.{oldest[1]} to {newest[0]}.{newest[1]}"
+    lines = [f"python: supported ({supported})" if oldest <= python <= newest else
+             f"python: {report['python']} is not supported: use Python {supported}"]
+    for package in CHECKED_PACKAGES:
+        installed = report[package].split("+")[0]
+        lines.append(f"{package}: {installed}, as pinned" if installed == pins[package] else
+                     f"{package}: {installed}, but requirements.txt pins {pins[package]}: run `make lab` again")
+    return lines
 
 
 class NetworkBlockedError(OSError):

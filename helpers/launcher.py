@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-LAUNCH_TIMEOUT_S = 300  # the lesson's longest launch takes well under a minute
+LAUNCH_TIMEOUT_S = 300  # several times the lesson's longest launch (its sweep over k)
 COLLECTIVE_TIMEOUT_S = 60  # no single collective of the course takes more than a second
 FORKED_WORKER_ENV = "COURSE_FORKED_WORKER"  # set in the processes that run_in_processes forks
 

@@ -21,7 +21,7 @@ import torch
 
 from helpers.collectives import CollectiveCounter, count_ddp, weight_gap
 from helpers.launcher import LAUNCH_TIMEOUT_S, run_in_processes, worker_accelerator
-from helpers.training import LEARNING_RATE, WARMUP_SHARE
+from helpers.training import LEARNING_RATE, MAX_GRAD_NORM, WARMUP_SHARE, WEIGHT_DECAY
 
 
 @dataclass
@@ -55,7 +55,7 @@ def validate_local_sgd_steps(local_sgd_steps):
 
 
 def train_loop(accelerator, model, optimizer, lr_scheduler, batches, local_sgd_steps):
-    """Lesson 2's Accelerate loop, plus the lines marked NEW; ``local_sgd_steps=None`` trains with plain DDP."""
+    """Lesson 2's Accelerate loop (no checkpointing), plus the lines marked NEW; ``local_sgd_steps=None`` is DDP."""
     from accelerate.local_sgd import LocalSGD
 
     model.train()
@@ -66,6 +66,8 @@ def train_loop(accelerator, model, optimizer, lr_scheduler, batches, local_sgd_s
                 outputs = model(**batch)
                 loss = outputs.loss
                 accelerator.backward(loss)
+                if accelerator.sync_gradients:  # the gradient is fully accumulated
+                    accelerator.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
                 optimizer.step()
                 lr_scheduler.step()
                 optimizer.zero_grad()
@@ -115,7 +117,7 @@ def train_one_run(accelerator, config, tokenized, tokenizer):
 
     accelerator.gradient_accumulation_steps = config.gradient_accumulation_steps
     model = build_model("tiny", seed=config.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=WEIGHT_DECAY)
     dataloader = make_dataloader(tokenized["train"], tokenizer, config.micro_batch_size, shuffle=True,
                                  seed=config.seed)
     # A prepared scheduler advances once per process at every optimizer step (Accelerate

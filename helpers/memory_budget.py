@@ -7,8 +7,10 @@ def training_memory(n_parameters, state_bytes_per_parameter, weight_bytes=4, gra
     """Bytes that training a model needs, by kind, and their total.
 
     ``state_bytes_per_parameter`` is the optimizer's (8 for AdamW in float32, measured in
-    lesson 04 for the others); ``activation_bytes`` is what the forward pass keeps for
-    backward (lessons 01 and 02 measure it).
+    lesson 04 for the others). ``activation_bytes`` is the peak activation memory of one
+    forward and backward pass, the ``peak_activation_bytes`` of ``helpers.memory.measure_memory``
+    (lesson 01): the most bytes alive at once, gradients left out, which must fit beside the
+    rest (not ``saved_bytes``, what the forward pass keeps for backward).
     """
     for name, value in [("n_parameters", n_parameters), ("state_bytes_per_parameter", state_bytes_per_parameter),
                         ("weight_bytes", weight_bytes), ("gradient_bytes", gradient_bytes),

@@ -2,20 +2,39 @@
 import torch
 
 
-def tensor_bytes(tensor):
-    """Bytes ``tensor`` stores. A tensor subclass is unpacked into the tensors it holds.
+def stored_tensors(tensor):
+    """The plain tensors that hold ``tensor``'s bytes: itself, or the inner tensors of a tensor subclass.
 
     Quantized states in some libraries are tensor subclasses whose element size describes the logical
     values, not the bytes stored; their inner tensors hold the real bytes.
     """
     if hasattr(tensor, "__tensor_flatten__") and type(tensor) is not torch.Tensor:  # a subclass: unpack it
         inner_names, _ = tensor.__tensor_flatten__()
-        return sum(tensor_bytes(getattr(tensor, name)) for name in inner_names)
-    return tensor.numel() * tensor.element_size()
+        return [inner for name in inner_names for inner in stored_tensors(getattr(tensor, name))]
+    return [tensor]
+
+
+def memory_key(tensor):
+    """One key per block of memory, its device and address: a tensor and its views share one."""
+    return tensor.device, tensor.untyped_storage().data_ptr()
 
 
 def optimizer_state_size(optimizer):
-    """(elements, bytes) of every tensor in ``optimizer.state``; entries that are not tensors are skipped."""
-    tensors = [value for state in optimizer.state.values() for value in state.values()
-               if isinstance(value, torch.Tensor)]
-    return sum(t.numel() for t in tensors), sum(tensor_bytes(t) for t in tensors)
+    """(elements, bytes) of the tensors in ``optimizer.state``, each block of memory counted once.
+
+    Entries that are not tensors (a step counter kept as a Python int) are skipped. A tensor that
+    several parameters' states share (bitsandbytes' lookup tables) is counted once, at its first entry;
+    bytes are those of the memory block each tensor lives in, without copying anything.
+    """
+    seen, elements, n_bytes = set(), 0, 0
+    for state in optimizer.state.values():
+        for value in state.values():
+            if not isinstance(value, torch.Tensor):
+                continue
+            new = [t for t in stored_tensors(value) if memory_key(t) not in seen]
+            if not new:
+                continue  # the same memory as an entry already counted
+            elements += value.numel()
+            n_bytes += sum(t.untyped_storage().nbytes() for t in new)
+            seen.update(memory_key(t) for t in new)
+    return elements, n_bytes

@@ -242,48 +242,61 @@ def communication_sweep_figure(rows, ddp_row):
 
 
 def optimizer_tradeoff_figure(rows, state_budget_bytes=GiB):
-    """Lesson 04: optimizers placed by measured state bytes per parameter and state precision.
+    """Lesson 04: optimizers placed by measured state bytes per parameter and by what their state gives up.
 
-    ``rows``: dicts with 'name', 'bytes_per_parameter' (measured) and 'state_bits' (the
-    precision each state value is stored in). The x axis shows how many parameters fit
-    when the optimizer state may use ``state_budget_bytes``.
+    ``rows``: dicts with 'name', 'bytes_per_parameter' (measured) and 'gives_up': a few words on
+    what the stored state gives up in precision ("nothing: 32-bit moments", "second moment
+    factored", ...). The vertical axis is not a number: each distinct 'gives_up' is one level,
+    the first given at the top. The x axis shows how many parameters fit when the optimizer
+    state may use ``state_budget_bytes``.
     """
-    _require_rows(rows, "rows", ("name", "bytes_per_parameter", "state_bits"))
+    _require_rows(rows, "rows", ("name", "bytes_per_parameter", "gives_up"))
     not_positive = [row["name"] for row in rows if not row["bytes_per_parameter"] > 0]
     if not_positive:
         raise ValueError(f"bytes_per_parameter must be > 0 (a measured size), but is not for {not_positive}")
     if not state_budget_bytes > 0:
         raise ValueError(f"state_budget_bytes must be > 0, got {state_budget_bytes!r}")
-    fig = Figure(figsize=(7, 4))
+    levels = list(dict.fromkeys(row["gives_up"] for row in rows))  # in the order given, top first
+    fig = Figure(figsize=(8, 1.6 + 0.7 * len(levels)))
     ax = fig.add_subplot()
     for row in rows:
-        affordable = state_budget_bytes / row["bytes_per_parameter"]
-        ax.scatter([affordable], [row["state_bits"]], s=120, zorder=3)
-        ax.annotate(f"{row['name']}\n{row['bytes_per_parameter']:.2f} B/param", (affordable, row["state_bits"]),
+        affordable, level = state_budget_bytes / row["bytes_per_parameter"], levels.index(row["gives_up"])
+        ax.scatter([affordable], [level], s=120, zorder=3)
+        ax.annotate(f"{row['name']}\n{row['bytes_per_parameter']:.2f} B/param", (affordable, level),
                     textcoords="offset points", xytext=(8, 4))
     ax.set_xscale("log")
     ax.set_xlabel(f"parameters whose optimizer state fits in {state_budget_bytes / GiB:.0f} GiB (log)")
-    ax.set_ylabel("bits per stored state value")
-    ax.set_ylim(0, 40)
+    ax.set_yticks(range(len(levels)), levels)
+    ax.set_ylabel("what the state gives up")
+    ax.set_ylim(len(levels) - 0.4, -0.6)  # the first level at the top
     ax.set_xlim(left=min(state_budget_bytes / r["bytes_per_parameter"] for r in rows) / 3,
                 right=max(state_budget_bytes / r["bytes_per_parameter"] for r in rows) * 30)
     ax.grid(alpha=0.3)
+    fig.tight_layout()
     return fig
 
 
-def ema_figure(gradients, exp_avg, exp_avg_sq):
-    """Lesson 04: a noisy gradient stream and AdamW's two moving averages of it."""
+def ema_figure(gradients, exp_avg, exp_avg_sq, bias_corrected=False, mean=None, second_moment=None):
+    """Lesson 04: a noisy gradient stream and AdamW's two moving averages of it.
+
+    ``bias_corrected``: the averages were divided by 1 - beta**step, as AdamW's step uses them.
+    ``mean`` and ``second_moment``, when given, are drawn as dashed lines: what the averages estimate.
+    """
     _require_some(gradients, "gradients", "gradient value")
     if not len(gradients) == len(exp_avg) == len(exp_avg_sq):
         raise ValueError(f"gradients, exp_avg and exp_avg_sq need one value per step each, got lengths "
                          f"{len(gradients)}, {len(exp_avg)} and {len(exp_avg_sq)}")
+    corrected = ", bias-corrected" if bias_corrected else ""
     fig = Figure(figsize=(8, 3.4))
     ax_first, ax_second = fig.subplots(1, 2)
     steps = range(1, len(gradients) + 1)
     ax_first.plot(steps, gradients, lw=0.8, color=MUTED, label="gradient")
-    ax_first.plot(steps, exp_avg, color=HIGHLIGHT, label="EMA of gradients (exp_avg)")
+    ax_first.plot(steps, exp_avg, color=HIGHLIGHT, label=f"EMA of gradients (exp_avg{corrected})")
     ax_second.plot(steps, [g * g for g in gradients], lw=0.8, color=MUTED, label="squared gradient")
-    ax_second.plot(steps, exp_avg_sq, color="#1b9e77", label="EMA of squared gradients (exp_avg_sq)")
+    ax_second.plot(steps, exp_avg_sq, color="#1b9e77", label=f"EMA of squared gradients (exp_avg_sq{corrected})")
+    for ax, value, name in ((ax_first, mean, "mean"), (ax_second, second_moment, "second moment")):
+        if value is not None:
+            ax.axhline(value, color="black", ls="--", lw=1, label=f"true {name}: {value:g}")
     for ax in (ax_first, ax_second):
         ax.set_xlabel("step")
         ax.legend(fontsize=8)
@@ -295,7 +308,8 @@ def ema_figure(gradients, exp_avg, exp_avg_sq):
 def memory_grid_figure(states, columns=16):
     """Lesson 04: one square per parameter and state; colour = which state, shade = its magnitude.
 
-    ``states`` maps a state name to a 1-D sequence of values, one per parameter.
+    ``states`` maps a state name to a 1-D sequence of values, one per parameter (a tensor or an
+    array: the bytes per parameter in each title are its dtype's).
     """
     import numpy as np
 
@@ -310,13 +324,17 @@ def memory_grid_figure(states, columns=16):
     fig = Figure(figsize=(8, 1.1 + 0.9 * len(states)))
     axes = fig.subplots(len(states), 1, squeeze=False)[:, 0]
     for ax, (name, values), cmap in zip(axes, states.items(), colormaps):
-        values = np.abs(np.asarray(values, dtype=float))
-        grid = values.reshape(-1, columns)
+        if hasattr(values, "element_size"):  # a tensor (any dtype, any device)
+            value_bytes, values = values.element_size(), values.detach().float().cpu().numpy()
+        else:
+            values = np.asarray(values)
+            value_bytes = values.dtype.itemsize  # 8 for Python floats, 4 for a float32 array
+        grid = np.abs(values.astype(float)).reshape(-1, columns)
         ax.imshow(grid / (grid.max() or 1), cmap=cmap, vmin=-0.3, vmax=1)
         ax.set_xticks(np.arange(-0.5, columns, 1), minor=True)
         ax.set_yticks(np.arange(-0.5, grid.shape[0], 1), minor=True)
         ax.grid(which="minor", color="white", lw=1.5)
         ax.tick_params(which="both", length=0, labelbottom=False, labelleft=False)
-        ax.set_title(f"{name}: 4 bytes per parameter", fontsize=10, loc="left")
+        ax.set_title(f"{name}: {value_bytes} bytes per parameter", fontsize=10, loc="left")
     fig.tight_layout()
     return fig

@@ -37,6 +37,8 @@ def calls():
          lambda: dist.reduce_scatter_tensor(output=scattered, input=sent)),
         ("reduce_scatter_single", "reduce_scatter_single", lambda: dist.reduce_scatter_single(scattered, sent)),
         ("barrier", "barrier", lambda: dist.barrier()),
+        ("DDP's buffers from 0", "_broadcast_coalesced",  # two tensors, as DDP broadcasts a module's buffers
+         lambda: dist._broadcast_coalesced(dist.group.WORLD, [sent.clone(), sent.clone()], 2**20, 0)),
     ]
 
 
@@ -61,6 +63,8 @@ def logged_by_rank():
 
 
 def expected_bytes(label, rank):
+    if label == "DDP's buffers from 0":
+        return 2 * SENT * 4 if rank == 0 else 0
     if label.startswith("broadcast from"):
         return SENT * 4 if rank == int(label.split()[2]) else 0  # only the source sends
     return 0 if label == "barrier" else SENT * 4  # the input, never the output buffer

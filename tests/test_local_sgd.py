@@ -86,6 +86,14 @@ def test_gradient_accumulation_is_wired_through_and_local_sgd_counts_micro_batch
     assert short_runs["runs"][2]["bytes"] - short_runs["runs"][1]["bytes"] == 2 * parameter_bytes
 
 
+def test_ddp_broadcasts_its_buffers_before_every_forward_and_local_sgd_only_before_the_first(short_runs):
+    # DDP's default broadcast_buffers=True; LocalSGD's no_sync() stops it after the first forward
+    def buffer_broadcasts(run):
+        return [event["step"] for event in run["events_by_rank"][0] if event["collective"] == "_broadcast_coalesced"]
+    assert buffer_broadcasts(short_runs["runs"][0]) == list(range(1, STEPS + 1))
+    assert buffer_broadcasts(short_runs["runs"][1]) == [1]
+
+
 def test_a_broadcast_is_counted_only_on_the_process_that_sends_it(short_runs):
     by_rank = short_runs["runs"][0]["events_by_rank"]
     broadcast_bytes = [sum(e["bytes"] for e in events if e["collective"] == "broadcast") for events in by_rank]

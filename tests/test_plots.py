@@ -7,6 +7,7 @@ import io
 
 import matplotlib.pyplot as plt
 import pytest
+import torch
 from matplotlib.figure import Figure
 
 from helpers import plots
@@ -32,11 +33,12 @@ EVENTS = {"DDP": [collective_events(1), collective_events(1)],
 GAPS = [(step, 0.0 if step % 8 == 0 else 0.002 * (step % 8)) for step in range(1, 25)]
 SWEEP = [{"k": k, "bytes": 64 * 2**20 // k, "val_loss": 0.69 + 0.001 * k} for k in (1, 2, 4, 8, 16)]
 DDP_ROW = {"bytes": 64 * 2**20, "val_loss": 0.69}
-OPTIMIZER_ROWS = [{"name": "AdamW", "bytes_per_parameter": 8.0, "state_bits": 32},
-                  {"name": "Adafactor", "bytes_per_parameter": 0.05, "state_bits": 32},
-                  {"name": "8-bit AdamW", "bytes_per_parameter": 2.03, "state_bits": 8}]
+OPTIMIZER_ROWS = [{"name": "AdamW", "bytes_per_parameter": 8.0, "gives_up": "nothing: 32-bit moments"},
+                  {"name": "8-bit AdamW", "bytes_per_parameter": 2.03, "gives_up": "8-bit moments"},
+                  {"name": "Adafactor", "bytes_per_parameter": 0.05, "gives_up": "factored second moment"}]
 GRADIENTS = [0.5 + (-1) ** i * 0.3 for i in range(200)]
-GRID = {"gradient": [0.1] * 32, "EMA of gradients": [0.01] * 32, "EMA of squared gradients": [0.001] * 32}
+GRID = {"gradient": torch.full((32,), 0.1), "EMA of gradients": torch.full((32,), 0.01),  # float32, as AdamW's
+        "EMA of squared gradients": torch.full((32,), 0.001)}
 
 # function name -> (arguments, number of panels, words the figure must show)
 GOOD = {
@@ -52,8 +54,10 @@ GOOD = {
     "weight_gap_figure": (dict(gaps=GAPS, local_sgd_steps=8), 1, ["max |weight difference|"]),
     "communication_sweep_figure": (dict(rows=SWEEP, ddp_row=DDP_ROW), 2,
                                    ["MiB sent per process", "validation loss", "local_sgd_steps k"]),
-    "optimizer_tradeoff_figure": (dict(rows=OPTIMIZER_ROWS), 1, ["8-bit AdamW\n2.03 B/param", "fits in 1 GiB"]),
-    "ema_figure": (dict(gradients=GRADIENTS, exp_avg=GRADIENTS, exp_avg_sq=GRADIENTS), 2, ["step"]),
+    "optimizer_tradeoff_figure": (dict(rows=OPTIMIZER_ROWS), 1, ["8-bit AdamW\n2.03 B/param", "fits in 1 GiB",
+                                                                  "factored second moment"]),
+    "ema_figure": (dict(gradients=GRADIENTS, exp_avg=GRADIENTS, exp_avg_sq=GRADIENTS, bias_corrected=True, mean=0.5,
+                        second_moment=1.25), 2, ["step", "exp_avg, bias-corrected", "true second moment: 1.25"]),
     "memory_grid_figure": (dict(states=GRID), 3, ["gradient: 4 bytes per parameter"]),
 }
 
@@ -92,6 +96,17 @@ def test_the_sync_timeline_marks_the_steps_that_communicated():
     fig = plots.sync_timeline_figure(EVENTS)
     marks = fig.axes[1].collections[-1].get_offsets()[:, 0]  # Local SGD's worker 1 (the last drawn)
     assert sorted(marks) == [8, 16, 24]
+
+
+def test_the_tradeoff_puts_each_precision_on_its_own_level_first_at_the_top():
+    ax = plots.optimizer_tradeoff_figure(OPTIMIZER_ROWS).axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [row["gives_up"] for row in OPTIMIZER_ROWS]
+    assert ax.get_ylim()[0] > ax.get_ylim()[1]  # inverted: the first level at the top
+
+
+def test_the_memory_grid_reads_the_bytes_from_the_dtype():
+    fig = plots.memory_grid_figure({"bfloat16 state": torch.ones(16, dtype=torch.bfloat16)})
+    assert "bfloat16 state: 2 bytes per parameter" in figure_words(fig)
 
 
 BAD = [

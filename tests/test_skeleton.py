@@ -168,3 +168,16 @@ def test_base_configuration_is_the_distilbert_base_cased_architecture():
     expected = {"vocab_size": 28996, "dim": 768, "n_layers": 6, "n_heads": 12,
                 "hidden_dim": 3072, "max_position_embeddings": 512}
     assert {key: config[key] for key in expected} == expected
+
+
+def test_the_version_checks_read_the_pins_and_say_what_is_wrong():
+    from helpers.device import environment_report, pinned_versions, version_checks
+
+    assert pinned_versions()["torch"] == "2.13.0"  # the pin DEVELOPERS.md and requirements.txt require
+    assert all(line.endswith(("as pinned", "(3.11 to 3.13)")) for line in version_checks())  # this venv
+    report = {**environment_report(), "python": "3.10.4", "torch": "2.12.1+cu126"}
+    lines = version_checks(report)
+    assert lines[0] == "python: 3.10.4 is not supported: use Python 3.11 to 3.13"
+    assert lines[1] == "torch: 2.12.1, but requirements.txt pins 2.13.0: run `make lab` again"
+    report = {**environment_report(), "python": "3.13.1", "torch": "2.13.0+cu126"}
+    assert version_checks(report)[:2] == ["python: supported (3.11 to 3.13)", "torch: 2.13.0, as pinned"]

@@ -1,5 +1,8 @@
 """`make bench`: run each notebook once; print wall seconds, peak RSS and its measured lines.
 
+It fails when a notebook cell raises or when a lesson measured a value outside the range it declares
+(helpers/ranges.py); `make test-gpu` runs it with --require-gpu, so every lesson runs on the GPU.
+
 Writes the same table as JSON to build/bench/bench.json (git-ignored).
 """
 import json
@@ -10,6 +13,7 @@ import time
 from pathlib import Path
 
 from helpers.paths import REPO_ROOT
+from helpers.ranges import OUT_OF_RANGE
 
 OUT_DIR = REPO_ROOT / "build" / "bench"
 SUMMARY_HEADER = "Measured in this lesson"
@@ -40,8 +44,13 @@ def run_one(path):
                       "peak_rss_mib": round(peak_rss_mib), "measured": measured_lines(notebook)}))
 
 
-def main(paths):
+def main(paths, require_gpu=False):
     """Run each notebook in a fresh process, print the table and write build/bench/bench.json."""
+    if require_gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("test-gpu: PyTorch sees no CUDA GPU here (torch.cuda.is_available() is False)")
     rows = []
     for path in paths:
         # a fresh process per notebook, so that each peak RSS belongs to one notebook alone
@@ -61,10 +70,15 @@ def main(paths):
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     (OUT_DIR / "bench.json").write_text(json.dumps(rows, indent=2) + "\n")
     print(f"wrote {OUT_DIR.relative_to(REPO_ROOT)}/bench.json")
+    outside = [f"{Path(r['notebook']).stem} {name}" for r in rows for name, value in r["measured"].items()
+               if value.endswith(OUT_OF_RANGE)]
+    if outside:
+        raise SystemExit(f"bench: measured values outside the lessons' ranges: {', '.join(outside)}")
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--one"]:
         run_one(sys.argv[2])
     else:
-        main(sys.argv[1:])
+        arguments = sys.argv[1:]
+        main([a for a in arguments if a != "--require-gpu"], require_gpu="--require-gpu" in arguments)

@@ -57,7 +57,7 @@ def check_training_arguments(make_training_args):
         raise Wrong("; ".join(problems) + ".")
     note = ""
     if deprecation_warnings:
-        note = " Note: gradient_checkpointing is the deprecated name since Transformers 5.23; prefer activation_checkpointing."
+        note = " Note: gradient_checkpointing is the deprecated name (it warns, and Transformers v6 removes it); prefer activation_checkpointing."
     return (f"evaluation every epoch, micro-batches of {MICRO_BATCH_SIZE}, {TRAINER_ACCUMULATION} of them accumulated "
             f"per optimizer step, activation checkpointing on.{note}")
 

@@ -1,0 +1,67 @@
+"""Measured values checked against the ranges a lesson declares (lessons 01-05, in each summary cell).
+
+A count, a shape or a byte count computed from shapes is the same on every machine: the lessons
+print it as it is, and the tests replay it exactly. A loss, an accuracy or a time ratio depends on
+the hardware (another CPU's kernels, a GPU, the machine's load), so a lesson declares the range
+that its text relies on, and ``print_measured`` prints the value beside that range and a verdict:
+
+    trainer_eval_accuracy: 0.833  (expected 0.75 to 1): in range
+
+The tests hide the value (``tests/nbval_sanitize.cfg``) and compare the rest: a value outside
+its range prints ``OUT OF RANGE`` and fails the suite on any machine.
+"""
+import math
+import numbers
+
+IN_RANGE, OUT_OF_RANGE = "in range", "OUT OF RANGE"
+
+
+def range_text(low, high):
+    """``(0.75, 1.0)`` as 'expected 0.75 to 1', ``(7, None)`` as 'expected >= 7'."""
+    if low is None and high is None:
+        raise ValueError("a range needs a low or a high end (or both); give None only for an open end")
+    if low is not None and high is not None and low > high:
+        raise ValueError(f"the range's low end {low} is above its high end {high}")
+    if high is None:
+        return f"expected >= {low:g}"
+    if low is None:
+        return f"expected <= {high:g}"
+    return f"expected {low:g} to {high:g}"
+
+
+def in_range(value, low, high):
+    """Whether ``value`` lies in [low, high] (None: no bound on that side); NaN never does."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or math.isnan(value):
+        return False
+    return (low is None or value >= low) and (high is None or value <= high)
+
+
+def measured_line(name, value, expected_range=None, digits=3):
+    """One summary line: the value alone when it is exact, else the value, its range and the verdict."""
+    if expected_range is None:
+        return f"{name}: {value}"
+    low, high = expected_range
+    verdict = IN_RANGE if in_range(value, low, high) else OUT_OF_RANGE
+    shown = f"{value:.{digits}f}" if isinstance(value, numbers.Real) and not isinstance(value, bool) else repr(value)
+    return f"{name}: {shown}  ({range_text(low, high)}): {verdict}"
+
+
+def print_measured(measured, expected, digits=3):
+    """Print a lesson's summary: every ``measured`` value, range-checked where ``expected`` names a range.
+
+    ``expected`` maps a name to ``(low, high)``; each name in it must be measured. Returns nothing, so
+    that a notebook cell ending with this call shows only the printed lines.
+    """
+    unknown = set(expected) - set(measured)
+    if unknown:
+        raise KeyError(f"EXPECTED names values that were not measured: {', '.join(sorted(unknown))}")
+    print("Measured in this lesson")
+    outside = []
+    for name, value in measured.items():
+        line = measured_line(name, value, expected.get(name), digits)
+        if line.endswith(OUT_OF_RANGE):
+            outside.append(name)
+        print(line)
+    if outside:
+        print(f"{len(outside)} value(s) outside the range this lesson expects: the text above may not hold on "
+              "this machine. Re-run the lesson; if it persists, report the lines above to the course maintainers.")
