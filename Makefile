@@ -36,7 +36,7 @@ lab: $(INSTALLED)
 # What depends on the hardware is range-checked in each lesson (helpers/ranges.py), so the replay
 # holds on any CPU; test-other-cpu proves it on PyTorch's plain kernels, test-gpu runs on a GPU.
 test: $(INSTALLED)
-	CUDA_VISIBLE_DEVICES= $(PY) -m pytest $(NBVAL) tests notebooks
+	CUDA_VISIBLE_DEVICES= $(PY) -m pytest $(NBVAL) --durations=15 tests notebooks
 
 test-other-cpu: $(INSTALLED)
 	ATEN_CPU_CAPABILITY=default CUDA_VISIBLE_DEVICES= $(PY) -m pytest $(NBVAL) notebooks

@@ -30,7 +30,7 @@ class RunConfig:
     name: str
     local_sgd_steps: int | None = None  # counts calls of local_sgd.step(): micro-batches
     optimizer_steps: int = 250  # the same for every run, so that costs compare
-    micro_batch_size: int = 64  # per process
+    micro_batch_size: int = 32  # per process: a global batch of 64 on 2, lesson 2's Trainer batch
     gradient_accumulation_steps: int = 1  # micro-batches per optimizer step
     learning_rate: float = LEARNING_RATE
     seed: int = 0

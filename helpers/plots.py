@@ -218,20 +218,22 @@ def weight_gap_figure(gaps, local_sgd_steps):
 
 
 def communication_sweep_figure(rows, ddp_row):
-    """Lesson 03: bytes communicated and validation loss against Local SGD's k, DDP as reference."""
-    _require_rows(rows, "rows", ("k", "bytes", "val_loss"))
-    _require_rows([ddp_row], "ddp_row", ("bytes", "val_loss"))
+    """Lesson 03: what Local SGD sends per optimizer step against its k, DDP as the reference.
+
+    ``rows``: dicts with 'k', 'mib_per_step' (MiB each process sent) and 'collectives_per_step'
+    (rounds in which every process waits); ``ddp_row`` has the same two measures for DDP.
+    """
+    measures = ("mib_per_step", "collectives_per_step")
+    _require_rows(rows, "rows", ("k", *measures))
+    _require_rows([ddp_row], "ddp_row", measures)
     fig = Figure(figsize=(10, 3.6))
-    ax_bytes, ax_loss = fig.subplots(1, 2)
     ks = [r["k"] for r in rows]
-    ax_bytes.plot(ks, [r["bytes"] / MiB for r in rows], marker="o", label="Local SGD")
-    ax_bytes.axhline(ddp_row["bytes"] / MiB, color=MUTED, ls="--", label="DDP (every step)")
-    ax_bytes.set_yscale("log")
-    ax_bytes.set_ylabel("MiB sent per process")
-    ax_loss.plot(ks, [r["val_loss"] for r in rows], marker="o", label="Local SGD")
-    ax_loss.axhline(ddp_row["val_loss"], color=MUTED, ls="--", label="DDP")
-    ax_loss.set_ylabel("validation loss")
-    for ax in (ax_bytes, ax_loss):
+    labels = {"mib_per_step": "MiB sent per process, per step", "collectives_per_step": "collectives per step"}
+    for ax, measure in zip(fig.subplots(1, 2), measures):
+        ax.plot(ks, [r[measure] for r in rows], marker="o", label="Local SGD")
+        ax.axhline(ddp_row[measure], color=MUTED, ls="--", label="DDP (every step)")
+        ax.set_yscale("log")
+        ax.set_ylabel(labels[measure])
         ax.set_xscale("log", base=2)
         ax.set_xticks(ks, [str(k) for k in ks])
         ax.set_xlabel("local_sgd_steps k")

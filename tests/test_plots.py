@@ -31,8 +31,8 @@ LEVELS = {"Trainer": 1, "Accelerator": 2, "plain PyTorch loop": 2}
 EVENTS = {"DDP": [collective_events(1), collective_events(1)],
           "Local SGD, k = 8": [collective_events(8), collective_events(8)]}
 GAPS = [(step, 0.0 if step % 8 == 0 else 0.002 * (step % 8)) for step in range(1, 25)]
-SWEEP = [{"k": k, "bytes": 64 * 2**20 // k, "val_loss": 0.69 + 0.001 * k} for k in (1, 2, 4, 8, 16)]
-DDP_ROW = {"bytes": 64 * 2**20, "val_loss": 0.69}
+SWEEP = [{"k": k, "mib_per_step": 0.5 / k, "collectives_per_step": 41 / k} for k in (1, 2, 4, 8, 16)]
+DDP_ROW = {"mib_per_step": 0.5, "collectives_per_step": 2}
 OPTIMIZER_ROWS = [{"name": "AdamW", "bytes_per_parameter": 8.0, "gives_up": "nothing: 32-bit moments"},
                   {"name": "8-bit AdamW", "bytes_per_parameter": 2.03, "gives_up": "8-bit moments"},
                   {"name": "Adafactor", "bytes_per_parameter": 0.05, "gives_up": "factored second moment"}]
@@ -53,7 +53,7 @@ GOOD = {
                                                                "optimizer step"]),
     "weight_gap_figure": (dict(gaps=GAPS, local_sgd_steps=8), 1, ["max |weight difference|"]),
     "communication_sweep_figure": (dict(rows=SWEEP, ddp_row=DDP_ROW), 2,
-                                   ["MiB sent per process", "validation loss", "local_sgd_steps k"]),
+                                   ["MiB sent per process, per step", "collectives per step", "local_sgd_steps k"]),
     "optimizer_tradeoff_figure": (dict(rows=OPTIMIZER_ROWS), 1, ["8-bit AdamW\n2.03 B/param", "fits in 1 GiB",
                                                                   "factored second moment"]),
     "ema_figure": (dict(gradients=GRADIENTS, exp_avg=GRADIENTS, exp_avg_sq=GRADIENTS, bias_corrected=True, mean=0.5,
@@ -128,7 +128,8 @@ BAD = [
     ("weight_gap_figure", dict(gaps=[], local_sgd_steps=8), "gaps is empty"),
     ("weight_gap_figure", dict(gaps=GAPS, local_sgd_steps=0), "local_sgd_steps must be a positive integer, got 0"),
     ("communication_sweep_figure", dict(rows=[], ddp_row=DDP_ROW), "rows is empty"),
-    ("communication_sweep_figure", dict(rows=SWEEP, ddp_row={"bytes": 1}), "ddp_row.* lacks 'val_loss'"),
+    ("communication_sweep_figure", dict(rows=SWEEP, ddp_row={"mib_per_step": 1}),
+     "ddp_row.* lacks 'collectives_per_step'"),
     ("optimizer_tradeoff_figure", dict(rows=[{**OPTIMIZER_ROWS[0], "bytes_per_parameter": 0}]),
      r"bytes_per_parameter must be > 0 .*\['AdamW'\]"),
     ("optimizer_tradeoff_figure", dict(rows=OPTIMIZER_ROWS, state_budget_bytes=0), "state_budget_bytes must be > 0"),
