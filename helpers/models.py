@@ -48,6 +48,17 @@ def build_model(size="tiny", num_labels=2, seed=0, pretrained=False, cache_dir=N
         return AutoModelForSequenceClassification.from_config(config)
 
 
+def preload_training_modules():
+    """Import the model's and the data's code now, once (seconds): processes forked later share it.
+
+    Lesson 03's launcher forks its workers from the notebook; imported before the fork, each worker
+    does not import DistilBERT's modeling code, datasets and the tokenizer classes again.
+    """
+    import datasets  # noqa: F401
+    import transformers.models.distilbert.modeling_distilbert  # noqa: F401
+    from transformers import AutoTokenizer, DataCollatorWithPadding  # noqa: F401
+
+
 def count_parameters(model):
     """(number of parameters, number of parameter tensors) of ``model``."""
     parameters = list(model.parameters())
