@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-LAUNCH_TIMEOUT_S = 300  # several times the lesson's longest launch (its sweep over k)
+LAUNCH_TIMEOUT_S = 300  # far above what any launch of the course takes, so that only a hang reaches it
 COLLECTIVE_TIMEOUT_S = 60  # no single collective of the course takes more than a second
 FORKED_WORKER_ENV = "COURSE_FORKED_WORKER"  # set in the processes that run_in_processes forks
 
@@ -81,15 +81,17 @@ def run_in_processes(worker, worker_args=(), num_processes=2, port=29500, timeou
 
 
 def worker_accelerator(**kwargs):
-    """The Accelerator a worker process trains with: the GPUs when there are some, else the CPU over gloo.
+    """The Accelerator a worker process trains with: one GPU per process when there are enough, else the CPU.
 
-    Without ``cpu=True`` on a machine with no GPU, each process would decide it runs alone.
+    Without ``cpu=True`` on a machine with no GPU, each process would decide it runs alone. With fewer
+    GPUs than processes, two processes would share a GPU, which NCCL refuses: they use the CPU (gloo).
     """
     from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs
 
     timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
-    return Accelerator(cpu=not torch.cuda.is_available(), kwargs_handlers=[timeout], **kwargs)
+    processes = int(os.environ.get("WORLD_SIZE", "1"))  # set by notebook_launcher, torchrun, accelerate launch
+    return Accelerator(cpu=torch.cuda.device_count() < processes, kwargs_handlers=[timeout], **kwargs)
 
 
 def _forked_worker(worker, worker_args, results_path):

@@ -75,7 +75,7 @@ def train_loop(accelerator, model, optimizer, lr_scheduler, batches, local_sgd_s
                 lr_scheduler.step()
                 optimizer.zero_grad()
                 local_sgd.step()  # NEW: counts micro-batches, not optimizer steps
-    # NEW: leaving the LocalSGD block averaged the parameters one last time
+    # NEW: leaving the LocalSGD block averaged the parameters one last time (with enabled=False: nothing)
 
 
 def micro_batches(dataloader, count):
@@ -156,8 +156,9 @@ def train_worker(accelerator, configs):
     if accelerator.num_processes < 2:
         raise RuntimeError(
             f"only {accelerator.num_processes} process joined the training, so there is nothing to synchronize and "
-            "LocalSGD would silently do nothing. Start it with helpers.local_sgd.launch(...), "
-            "notebook_launcher(..., num_processes=2) or `accelerate launch --multi_gpu --num_processes 2`.")
+            "LocalSGD would silently do nothing. Start it with helpers.local_sgd.launch(...), with "
+            "notebook_launcher(..., num_processes=2) and Accelerator(cpu=True) made in each process when there is no "
+            "GPU, or with `accelerate launch --multi_gpu --num_processes 2`.")
     tokenized, tokenizer = load_tokenized()
     runs = [train_one_run(accelerator, as_config(config), tokenized, tokenizer) for config in configs]
     return {"processes": accelerator.num_processes, "runs": runs}

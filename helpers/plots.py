@@ -228,7 +228,7 @@ def communication_sweep_figure(rows, ddp_row):
     _require_rows([ddp_row], "ddp_row", measures)
     fig = Figure(figsize=(10, 3.6))
     ks = [r["k"] for r in rows]
-    labels = {"mib_per_step": "MiB sent per process, per step", "collectives_per_step": "collectives per step"}
+    labels = {"mib_per_step": "MiB sent by process 0, per step", "collectives_per_step": "collectives per step"}
     for ax, measure in zip(fig.subplots(1, 2), measures):
         ax.plot(ks, [r[measure] for r in rows], marker="o", label="Local SGD")
         ax.axhline(ddp_row[measure], color=MUTED, ls="--", label="DDP (every step)")

@@ -53,7 +53,7 @@ GOOD = {
                                                                "optimizer step"]),
     "weight_gap_figure": (dict(gaps=GAPS, local_sgd_steps=8), 1, ["max |weight difference|"]),
     "communication_sweep_figure": (dict(rows=SWEEP, ddp_row=DDP_ROW), 2,
-                                   ["MiB sent per process, per step", "collectives per step", "local_sgd_steps k"]),
+                                   ["MiB sent by process 0, per step", "collectives per step", "local_sgd_steps k"]),
     "optimizer_tradeoff_figure": (dict(rows=OPTIMIZER_ROWS), 1, ["8-bit AdamW\n2.03 B/param", "fits in 1 GiB",
                                                                   "factored second moment"]),
     "ema_figure": (dict(gradients=GRADIENTS, exp_avg=GRADIENTS, exp_avg_sq=GRADIENTS, bias_corrected=True, mean=0.5,

@@ -392,7 +392,7 @@ def learners_train_loop(accelerator, model, optimizer, dataloader, local_sgd_ste
 
 def test_3_2_whole_check_compares_with_the_prediction():
     verdict = l3.check_local_sgd_loop.verdict(learners_train_loop, lambda s, k, p: (s // k + 1) * p)
-    assert_verdict(verdict, CORRECT, "4 rounds", "which matches")
+    assert_verdict(verdict, CORRECT, "4 averagings", "which matches")
 
 
 def misspelled_loop(accelerator, model, optimizer, dataloader, local_sgd_steps):

@@ -17,7 +17,7 @@ from helpers.training import LEARNING_RATE
 preload_training_modules()  # before the launcher forks the workers, so that they share it
 
 MICRO_BATCH_SIZE = 4  # per process: what is counted (collectives, bytes) does not depend on it
-LAUNCH_TIMEOUT_S = 180  # the whole check; a normal one takes about 5 s
+LAUNCH_TIMEOUT_S = 180  # the whole check; far above what a check takes, so only a hang reaches it
 
 
 def expected_rounds(local_sgd_steps_calls, local_sgd_steps):
@@ -129,8 +129,8 @@ def check_local_sgd_loop(train_loop, predicted_bytes=None, micro_batches=24, loc
     judge_local_sgd_run(run, micro_batches, local_sgd_steps)
     measured = run["all_reduce_bytes"]
     message = (f"measured on 2 processes: the parameters were averaged after steps {steps_text(run['sync_steps'])} "
-               f"and when the block ended, {run['rounds']:.0f} rounds, {measured:,} bytes sent per process "
-               f"(DDP would send {micro_batches * run['parameter_bytes']:,}); the workers ended with identical weights.")
+               f"and when the block ended, {run['rounds']:.0f} averagings, {measured:,} bytes all-reduced per process "
+               f"(DDP would all-reduce {micro_batches * run['parameter_bytes']:,}); the workers ended with identical weights.")
     if predicted_bytes is None or is_unfinished(predicted_bytes):
         return message
     with contextlib.suppress(NotDone, Wrong):
@@ -156,7 +156,7 @@ def judge_local_sgd_run(run, micro_batches, local_sgd_steps):
                     "local_sgd.step() after optimizer.zero_grad(), at every step.")
     expected = expected_rounds(micro_batches, local_sgd_steps)
     if rounds != expected:
-        raise Wrong(f"the parameters were averaged after steps {steps_text(run['sync_steps'])} ({rounds:.0f} rounds); "
+        raise Wrong(f"the parameters were averaged after steps {steps_text(run['sync_steps'])} ({rounds:.0f} averagings); "
                     f"with local_sgd_steps={local_sgd_steps} expect every {local_sgd_steps} steps plus once at the "
                     f"end: {expected}. Hint: pass local_sgd_steps to LocalSGD, and call local_sgd.step() once per step.")
     if run["final_gap"] != 0.0:
@@ -191,7 +191,7 @@ def judge_accumulation_run(run, optimizer_steps, every=8):
                     "local_sgd.step(), here one per micro-batch, and 2 micro-batches make one optimizer step.")
     if sorted(set(synced)) != wanted or run["rounds"] != len(wanted) + 1:
         raise Wrong(f"the parameters were averaged after optimizer steps {steps_text(synced)} ({run['rounds']:.0f} "
-                    f"rounds); every {every} optimizer steps means after {steps_text(wanted)}, then once more at the "
+                    f"averagings); every {every} optimizer steps means after {steps_text(wanted)}, then once more at the "
                     "end. Hint: what does local_sgd_steps count?")
     if run["final_gap"] != 0.0:
         raise Wrong("the two workers ended with different weights. Hint: keep the loop inside the LocalSGD block.")
