@@ -23,12 +23,21 @@ class MemoryReport:
     a free gets a new id).
     """
     saved_bytes: int  # created in forward and still alive after it (output excluded): kept for backward
-    peak_bytes: int  # most bytes alive at once among tensors created in forward + backward
+    peak_bytes: int  # most bytes alive at once among tensors created in forward + backward: the step's peak
     peak_activation_bytes: int  # the same peak, leaving out what outlives the step (the gradients)
-    cuda_peak_bytes: int | None  # torch.cuda.max_memory_allocated during the run (None on the CPU)
-    saved_by_autograd: set  # allocation ids that autograd's saved_tensors_hooks packed
+    # The CUDA caching allocator's own peak during the run, above what was allocated before it
+    # (torch.cuda.max_memory_allocated minus memory_allocated at the start); None without a GPU.
+    # It can differ from peak_bytes: the allocator rounds sizes up, and it also holds memory that
+    # kernels allocate for themselves (workspaces), which the meter never sees as a tensor.
+    cuda_peak_bytes: int | None
+    # allocation ids that the meter's saved_tensors_hooks packed: never a tensor saved inside a checkpoint,
+    # which installs hooks of its own there (only the innermost pair applies, torch/autograd/graph.py)
+    saved_by_autograd: set
     alive_after_forward: set  # allocation ids created in forward and alive after it
     created_in_forward: list  # (op name, allocation id, bytes) for each new allocation, in order
+    # (allocation id, change in bytes: + when created or grown, - when freed), in order, forward then
+    # backward: their running sum is the bytes alive at each moment, its maximum peak_bytes
+    events: list
 
     def kept(self, op_name, occurrence=0):
         """Whether the output of the ``occurrence``-th forward call of ``op_name`` was kept for backward."""
@@ -170,6 +179,7 @@ def measure_memory(forward_fn, backward=True):
     if on_cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+        cuda_before = torch.cuda.memory_allocated()
     tracker = LiveTensorTracker()
     packed = set()
 
@@ -200,11 +210,11 @@ def measure_memory(forward_fn, backward=True):
     cuda_peak = None
     if on_cuda:
         torch.cuda.synchronize()
-        cuda_peak = torch.cuda.max_memory_allocated()
+        cuda_peak = torch.cuda.max_memory_allocated() - cuda_before
     return MemoryReport(saved_bytes=saved_bytes, peak_bytes=tracker.peak_bytes,
                         peak_activation_bytes=peak_activation_bytes, cuda_peak_bytes=cuda_peak,
                         saved_by_autograd=packed & alive, alive_after_forward=alive,
-                        created_in_forward=created_in_forward)
+                        created_in_forward=created_in_forward, events=list(tracker.events))
 
 
 class OpCounter(TorchDispatchMode):

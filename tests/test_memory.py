@@ -1,4 +1,5 @@
 """The memory meter and op counter, on cases with known answers."""
+import itertools
 import weakref
 from functools import partial
 
@@ -198,6 +199,33 @@ def test_a_tensor_that_saves_itself_is_kept_while_used_and_gives_the_right_gradi
     exp_id = next(alloc for name, alloc, _ in report.created_in_forward if name == "exp")
     assert report.saved_by_autograd == {exp_id}
     assert torch.equal(x.grad, x.detach().exp())  # backward used what the meter's hooks unpacked
+
+
+def test_the_events_replay_the_peak_and_leave_what_outlives_the_step():
+    x = torch.randn(N, requires_grad=True)
+    report = measure_memory(lambda: x.sin().exp())  # the two-op graph above: a peak of 5 units
+    live = list(itertools.accumulate(change for _, change in report.events))
+    assert max(live) == report.peak_bytes == 5 * UNIT
+    assert live[-1] == x.grad.nbytes == UNIT  # at the end only x.grad is left
+    created = [alloc for alloc, change in report.events if change > 0]
+    freed = [alloc for alloc, change in report.events if change < 0]
+    assert created == list(range(len(created)))  # ids in the order of creation, each made once
+    assert len(set(created) - set(freed)) == 1  # all freed but x.grad
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU's answer")
+def test_without_a_gpu_there_is_no_allocator_peak():
+    assert measure_memory(lambda: torch.randn(4, requires_grad=True).sin().sum()).cuda_peak_bytes is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_on_a_gpu_the_allocators_peak_is_at_least_the_meters():
+    x = torch.randn(1024, 1024, device="cuda", requires_grad=True)
+    (x @ x).sum().backward()  # cuBLAS allocates its workspace once, before the measurement
+    x.grad = None
+    report = measure_memory(lambda: (x @ x).tanh().sum())
+    # the allocator rounds every block up and holds what kernels allocate for themselves
+    assert report.peak_bytes <= report.cuda_peak_bytes
 
 
 def test_forward_only():

@@ -247,7 +247,7 @@ def check_switch_on_checkpointing(switch_on_checkpointing):
         raise Wrong("the gradients changed. Hint: switching checkpointing on must not change what the model computes.")
     note = ""
     if deprecation_warnings:
-        note = (" Note: gradient_checkpointing_enable() is the deprecated name (Transformers 5.23 and later); "
-                "prefer activation_checkpointing_enable().")
+        note = (" Note: gradient_checkpointing_enable() is the deprecated name (Transformers warns that it will be "
+                "removed in v6); prefer activation_checkpointing_enable().")
     return (f"kept for backward {before.saved_bytes / MiB:.2f} MiB before, {after.saved_bytes / MiB:.2f} MiB after "
             f"({before.saved_bytes / after.saved_bytes:.1f}x less), with identical gradients.{note}")
