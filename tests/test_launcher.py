@@ -10,11 +10,14 @@ from helpers.launcher import WorkerFailedError, WorkerTimeoutError, run_in_proce
 
 
 def reports_who_it_is(accelerator, greeting):
-    """A worker that only says which process it is and how it was set up."""
+    """A worker that makes a progress bar, then says which process it is and how it was set up."""
     import torch
+    from tqdm import tqdm
 
+    for _ in tqdm(range(3), disable=True):  # creating a bar takes tqdm's lock, even when it shows nothing
+        pass
     return {"greeting": greeting, "processes": accelerator.num_processes, "device": accelerator.device.type,
-            "threads": torch.get_num_threads()}
+            "threads": torch.get_num_threads(), "progress bar": "ok"}
 
 
 def fails_on_process_1(accelerator):
@@ -28,18 +31,32 @@ def sleeps_forever(accelerator):
     time.sleep(3600)
 
 
-def makes_a_progress_bar(accelerator):
+@pytest.fixture(scope="module")
+def launched_despite_everything():
+    """One launch, checked several ways below, made under all that once broke a launch from a notebook:
+    an Accelerator already made in this process (as a Trainer in the same kernel would), something else
+    listening on the port asked for, and tqdm's lock held (as its monitor thread holds it now and then;
+    fork shares that semaphore with the workers, which must get locks of their own).
+    """
+    import socket
+
+    from accelerate import Accelerator
     from tqdm import tqdm
 
-    for _ in tqdm(range(3), disable=True):  # creating a bar takes tqdm's lock, even when it shows nothing
-        pass
-    return "ok"
+    Accelerator(cpu=True)
+    with socket.socket() as blocker, tqdm.get_lock():
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        busy_port = blocker.getsockname()[1]
+        port_was_busy = launcher.port_is_busy(busy_port)
+        result = run_in_processes(reports_who_it_is, ("hello",), num_processes=2, port=busy_port, timeout_s=60)
+    return {"result": result, "port was busy": port_was_busy}
 
 
-def test_a_worker_runs_on_two_processes_and_process_0_returns_its_result():
-    result = run_in_processes(reports_who_it_is, ("hello",), num_processes=2)
+def test_a_worker_runs_on_two_processes_and_process_0_returns_its_result(launched_despite_everything):
     expected_device = "cuda" if __import__("torch").cuda.is_available() else "cpu"
-    assert result == {"greeting": "hello", "processes": 2, "device": expected_device, "threads": 1}
+    assert launched_despite_everything["result"] == {"greeting": "hello", "processes": 2, "device": expected_device,
+                                                     "threads": 1, "progress bar": "ok"}
 
 
 def test_a_failing_worker_reports_its_own_traceback_fast():
@@ -51,18 +68,9 @@ def test_a_failing_worker_reports_its_own_traceback_fast():
     assert time.perf_counter() - start < 60  # not a hang in a collective
 
 
-def test_a_busy_port_and_an_existing_accelerator_do_not_break_the_launch():
-    import socket
-
-    from accelerate import Accelerator
-
-    Accelerator(cpu=True)  # as a Trainer in the same kernel would
-    with socket.socket() as blocker:  # something else listens on the port we ask for
-        blocker.bind(("127.0.0.1", 0))
-        blocker.listen()
-        busy_port = blocker.getsockname()[1]
-        assert launcher.port_is_busy(busy_port)
-        assert run_in_processes(reports_who_it_is, ("busy",), port=busy_port)["processes"] == 2
+def test_a_busy_port_and_an_existing_accelerator_do_not_break_the_launch(launched_despite_everything):
+    assert launched_despite_everything["port was busy"]
+    assert launched_despite_everything["result"]["processes"] == 2
 
 
 @pytest.mark.parametrize("bad", [1, 0, 2.0, True])
@@ -104,12 +112,8 @@ def test_workers_that_never_finish_are_stopped_and_say_where_they_were():
     assert "sleeps_forever" in str(caught.value) and "process 0" in str(caught.value)
 
 
-def test_a_progress_bar_in_a_worker_does_not_wait_for_the_notebooks_tqdm_lock():
-    # tqdm's lock is a semaphore that fork shares with the parent; workers get locks of their own
-    from tqdm import tqdm
-
-    with tqdm.get_lock():  # held here, as tqdm's monitor thread holds it now and then
-        assert run_in_processes(makes_a_progress_bar, (), timeout_s=60) == "ok"
+def test_a_progress_bar_in_a_worker_does_not_wait_for_the_notebooks_tqdm_lock(launched_despite_everything):
+    assert launched_despite_everything["result"]["progress bar"] == "ok"
 
 
 def test_a_result_that_is_not_json_is_reported_as_the_workers_error():

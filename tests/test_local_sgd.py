@@ -107,25 +107,45 @@ def test_a_single_process_refuses_to_pretend():
         train_worker(Accelerator(cpu=True), [RunConfig("DDP", optimizer_steps=2)])
 
 
-def accelerate_launch(flags, tmp_path):
-    results = tmp_path / "results.json"
+def accelerate_launch(flags, folder):
+    """Start the script form with `accelerate launch` and ``flags``, in ``folder``, its output to files there."""
     command = [sys.executable, "-m", "accelerate.commands.launch", *flags, "--num_processes", "2",
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                str(REPO_ROOT / "helpers" / "local_sgd.py"), "--local-sgd-steps", "4",
-               "--optimizer-steps", "8", "--results", str(results)]
-    completed = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    return completed, results
+               "--optimizer-steps", "8", "--results", str(folder / "results.json")]
+    with open(folder / "stdout", "w") as stdout, open(folder / "stderr", "w") as stderr:
+        return subprocess.Popen(command, stdout=stdout, stderr=stderr, cwd=folder)
 
 
-def test_the_script_form_runs_on_two_processes_with_accelerate_launch(tmp_path):
-    completed, results = accelerate_launch(["--multi_gpu"], tmp_path)  # torchrun; gloo on a CPU
+@pytest.fixture(scope="module")
+def script_launches(tmp_path_factory):
+    """Both `accelerate launch` forms below, started side by side, each cold in fresh interpreters.
+
+    Much of each is one process importing while the other core idles, so together they take less time
+    than one after the other. {flag: (CompletedProcess, results file)}.
+    """
+    folders = {flag: tmp_path_factory.mktemp(flag.strip("-")) for flag in ("--multi_gpu", "--cpu")}
+    processes = {flag: accelerate_launch([flag], folder) for flag, folder in folders.items()}
+    try:
+        for process in processes.values():
+            process.wait(timeout=300)
+    finally:
+        for process in processes.values():
+            process.kill()  # only if still running: a launch past its time limit
+    return {flag: (subprocess.CompletedProcess(processes[flag].args, processes[flag].returncode,
+                                               (folder / "stdout").read_text(), (folder / "stderr").read_text()),
+                   folder / "results.json") for flag, folder in folders.items()}
+
+
+def test_the_script_form_runs_on_two_processes_with_accelerate_launch(script_launches):
+    completed, results = script_launches["--multi_gpu"]  # torchrun; gloo on a CPU
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert json.loads(results.read_text())["processes"] == 2
     assert "Local SGD k=4" in completed.stdout
 
 
-def test_accelerate_launch_with_cpu_flag_starts_one_process_and_the_worker_refuses(tmp_path):
+def test_accelerate_launch_with_cpu_flag_starts_one_process_and_the_worker_refuses(script_launches):
     # Accelerate 1.x: --cpu takes the single-process launcher (several CPU processes need mpirun).
-    completed, _ = accelerate_launch(["--cpu"], tmp_path)
+    completed, _ = script_launches["--cpu"]
     assert completed.returncode != 0
     assert "silently do nothing" in completed.stderr

@@ -49,9 +49,9 @@ def install_assets():
     (assets / "no-widgets.js").write_text("// widgets (lesson 4's calculator) need a running kernel: not in a static deck\n")
 
 
-def render(lesson):
-    """Render one lesson notebook into build/slides as an offline deck; return the deck's path."""
-    subprocess.run([sys.executable, "-m", "jupyter", "nbconvert", "--to", "slides", str(lesson),
+def render(*lessons):
+    """Render lesson notebooks into build/slides as offline decks, in one nbconvert process; return the decks' paths."""
+    subprocess.run([sys.executable, "-m", "jupyter", "nbconvert", "--to", "slides", *map(str, lessons),
                     "--output-dir", str(SLIDES_DIR), "--log-level=ERROR",
                     "--SlidesExporter.reveal_url_prefix=reveal.js",
                     "--SlidesExporter.reveal_theme=white",  # its fonts ship with reveal.js; "simple" fetches them
@@ -61,17 +61,18 @@ def render(lesson):
                     "--SlidesExporter.mathjax_url=assets/mathjax-stub.js",
                     "--SlidesExporter.font_awesome_url=assets/no-icons.css",
                     "--SlidesExporter.widget_renderer_url=assets/no-widgets.js"], check=True)
-    deck = SLIDES_DIR / f"{lesson.stem}.slides.html"
-    deck.write_text(MERMAID_IMPORT.sub("", deck.read_text()))
-    return deck
+    decks = [SLIDES_DIR / f"{lesson.stem}.slides.html" for lesson in lessons]
+    for deck in decks:
+        deck.write_text(MERMAID_IMPORT.sub("", deck.read_text()))
+    return decks
 
 
 def main():
     """Render every lesson (what `make slides` runs)."""
     SLIDES_DIR.mkdir(parents=True, exist_ok=True)
     install_assets()
-    for lesson in LESSONS:
-        print(f"rendered {render(lesson).relative_to(REPO_ROOT)}")
+    for deck in render(*LESSONS):  # one nbconvert process: its start-up is most of a deck's time
+        print(f"rendered {deck.relative_to(REPO_ROOT)}")
 
 
 if __name__ == "__main__":
