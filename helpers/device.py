@@ -1,5 +1,6 @@
 """Where the lessons run, and proof that they need no network (introduced in 00_start_here)."""
 import contextlib
+import importlib.metadata
 import os
 import platform
 import re
@@ -10,11 +11,14 @@ import torch
 from helpers.paths import REPO_ROOT
 
 SUPPORTED_PYTHON = ((3, 11), (3, 13))  # oldest and newest minor version the course supports
-CHECKED_PACKAGES = ("torch", "transformers", "accelerate", "datasets")
+CHECKED_PACKAGES = ("torch", "transformers", "accelerate", "datasets", "bitsandbytes")
 
 
 def get_device():
-    """The device every lesson trains on: the first CUDA GPU when there is one, else the CPU."""
+    """The device of lessons 01, 02 and 04: the first CUDA GPU when there is one, else the CPU.
+
+    Lesson 03's worker processes choose their own, in ``helpers.launcher.worker_accelerator``.
+    """
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
@@ -31,9 +35,11 @@ def environment_report():
         "transformers": transformers.__version__,
         "accelerate": accelerate.__version__,
         "datasets": datasets.__version__,
+        "bitsandbytes": importlib.metadata.version("bitsandbytes"),  # read, not imported: its import logs
         "device": device.type,
-        "device_name": torch.cuda.get_device_name(0) if device.type == "cuda" else platform.machine(),
-        "cpu_cores": os.cpu_count(),
+        "gpu_name": torch.cuda.get_device_name(0) if device.type == "cuda" else None,
+        "cpu_architecture": platform.machine(),
+        "logical_cpus": os.cpu_count(),  # os.cpu_count counts logical CPUs (hardware threads)
     }
 
 
@@ -68,7 +74,11 @@ class NetworkBlockedError(OSError):
 
 @contextlib.contextmanager
 def no_network():
-    """Make every socket connection fail at once, to prove a step works offline."""
+    """Make Python's socket connections fail at once, to prove a step works offline.
+
+    ``socket.socket.connect``, ``connect_ex`` and ``socket.create_connection`` raise inside the block; a name
+    lookup, or code that reaches the network without Python's ``socket`` module, is not blocked.
+    """
     def refuse(*args, **kwargs):
         raise NetworkBlockedError("network access attempted inside no_network()")
 

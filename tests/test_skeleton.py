@@ -175,6 +175,7 @@ def test_the_version_checks_read_the_pins_and_say_what_is_wrong():
 
     assert pinned_versions()["torch"] == "2.13.0"  # the pin DEVELOPERS.md and requirements.txt require
     assert all(line.endswith(("as pinned", "(3.11 to 3.13)")) for line in version_checks())  # this venv
+    assert any(line.startswith("bitsandbytes: ") for line in version_checks())  # lesson 4's version, checked
     report = {**environment_report(), "python": "3.10.4", "torch": "2.12.1+cu126"}
     lines = version_checks(report)
     assert lines[0] == "python: 3.10.4 is not supported: use Python 3.11 to 3.13"
