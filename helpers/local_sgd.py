@@ -38,6 +38,7 @@ class RunConfig:
     learning_rate: float = LEARNING_RATE
     seed: int = 0
     track_drift: bool = False  # also measure how far apart the workers' weights are, after every step
+    evaluate: bool = True  # the validation loss and accuracy at the end (None when False)
 
     def __post_init__(self):
         validate_local_sgd_steps(self.local_sgd_steps)
@@ -141,8 +142,10 @@ def train_one_run(accelerator, config, tokenized, tokenizer):
     seconds = time.perf_counter() - start
     loss_hook.remove()
     final_gap = weight_gap(accelerator, model, counter)
-    validation = make_dataloader(tokenized["validation"], tokenizer, batch_size=128)
-    val_metrics = evaluate(accelerator.unwrap_model(model), validation, accelerator.device)
+    val_metrics = {"loss": None, "accuracy": None}
+    if config.evaluate:
+        validation = make_dataloader(tokenized["validation"], tokenizer, batch_size=128)
+        val_metrics = evaluate(accelerator.unwrap_model(model), validation, accelerator.device)
     events_by_rank = accelerator.gather_for_metrics([counter.events], use_gather_object=True)
     return {"config": asdict(config), "seconds": seconds, **counter.totals(), "events_by_rank": events_by_rank,
             "train_loss": sum(losses[-20:]) / len(losses[-20:]), "val_loss": val_metrics["loss"], "val_accuracy": val_metrics["accuracy"],

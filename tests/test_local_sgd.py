@@ -23,7 +23,13 @@ def short_runs():
     return launch([RunConfig("DDP", optimizer_steps=STEPS),
                    RunConfig("k=4", local_sgd_steps=4, optimizer_steps=STEPS, track_drift=True),
                    RunConfig("k=4, accumulation 2", local_sgd_steps=4, optimizer_steps=STEPS,
-                             gradient_accumulation_steps=2)], num_processes=2)
+                             gradient_accumulation_steps=2, evaluate=False)], num_processes=2)
+
+
+def test_a_run_is_evaluated_unless_told_not_to(short_runs):
+    evaluated, skipped = short_runs["runs"][0], short_runs["runs"][2]
+    assert 0 < evaluated["val_loss"] < 5 and 0 <= evaluated["val_accuracy"] <= 1
+    assert skipped["val_loss"] is None and skipped["val_accuracy"] is None
 
 
 @pytest.mark.parametrize("good", [None, 1, 8])
