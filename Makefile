@@ -8,9 +8,6 @@ INSTALLED := $(VENV)/.installed
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb notebooks/practice/*.ipynb))
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 LAB_ARGS ?=
-# OpenMP threads sleep while they wait instead of spinning: on a busy 2-core machine spinning threads
-# take the cores the others need (a lesson 1 step ran 20-40x slower under load). Results do not change.
-export OMP_WAIT_POLICY ?= PASSIVE
 
 .PHONY: install lab test test-other-cpu test-gpu execute bench data slides clean
 
