@@ -49,6 +49,8 @@ def run_in_processes(worker, worker_args=(), num_processes=2, port=29500, timeou
     from accelerate import notebook_launcher
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 
+    from helpers.models import preload_training_modules
+
     if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 2:
         raise ValueError(f"run_in_processes starts at least 2 processes, got num_processes={num_processes!r}; "
                          "to run a worker alone, call it with an Accelerator of your own")
@@ -56,6 +58,7 @@ def run_in_processes(worker, worker_args=(), num_processes=2, port=29500, timeou
         raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
     require_loopback()
     reset_accelerate_state()
+    preload_training_modules()  # once, before the fork: the workers share it instead of each importing it
     if port_is_busy(port):
         port = free_port()
     with tempfile.TemporaryDirectory() as folder:

@@ -21,10 +21,7 @@ import torch
 
 from helpers.collectives import CollectiveCounter, count_ddp, weight_gap
 from helpers.launcher import LAUNCH_TIMEOUT_S, run_in_processes, worker_accelerator
-from helpers.models import preload_training_modules
 from helpers.training import LEARNING_RATE, MAX_GRAD_NORM, WARMUP_SHARE, WEIGHT_DECAY
-
-preload_training_modules()  # before the launcher forks the workers, so that they share it
 
 
 @dataclass

@@ -51,8 +51,8 @@ def build_model(size="tiny", num_labels=2, seed=0, pretrained=False, cache_dir=N
 def preload_training_modules():
     """Import the model's and the data's code now, once (seconds): processes forked later share it.
 
-    Lesson 03's launcher forks its workers from the notebook; imported before the fork, each worker
-    does not import DistilBERT's modeling code, datasets and the tokenizer classes again.
+    ``helpers.launcher.run_in_processes`` calls it before it forks lesson 03's workers, so that each
+    worker does not import DistilBERT's modeling code, datasets and the tokenizer classes again.
     """
     import datasets  # noqa: F401
     import transformers.models.distilbert.modeling_distilbert  # noqa: F401

@@ -10,11 +10,8 @@ import torch
 
 from helpers.collectives import CollectiveCounter, count_ddp, weight_gap
 from helpers.launcher import WorkerFailedError, WorkerTimeoutError, run_in_processes
-from helpers.models import preload_training_modules
 from helpers.practice.verdicts import NotDone, Wrong, call_learner, checker, is_unfinished, require_callable
 from helpers.training import LEARNING_RATE
-
-preload_training_modules()  # before the launcher forks the workers, so that they share it
 
 MICRO_BATCH_SIZE = 4  # per process: what is counted (collectives, bytes) does not depend on it
 LAUNCH_TIMEOUT_S = 180  # the whole check; far above what a check takes, so only a hang reaches it
