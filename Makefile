@@ -35,11 +35,16 @@ lab: $(INSTALLED)
 # The stored outputs are replayed on the CPU by design: a GPU, if any, is hidden from the tests.
 # What depends on the hardware is range-checked in each lesson (helpers/ranges.py), so the replay
 # holds on any CPU; test-other-cpu proves it on PyTorch's plain kernels, test-gpu runs on a GPU.
+# Two test workers (pytest-xdist), one per core of the course's 2-core machine; each file (a notebook's
+# cells in order) stays on one worker. TEST_WORKERS=0 runs everything in this one process.
+TEST_WORKERS ?= 2
+PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 test: $(INSTALLED)
-	CUDA_VISIBLE_DEVICES= $(PY) -m pytest $(NBVAL) --durations=15 tests notebooks
+	CUDA_VISIBLE_DEVICES= $(PY) -m pytest $(NBVAL) $(PARALLEL) --durations=15 tests notebooks
 
 test-other-cpu: $(INSTALLED)
-	ATEN_CPU_CAPABILITY=default CUDA_VISIBLE_DEVICES= $(PY) -m pytest $(NBVAL) notebooks
+	ATEN_CPU_CAPABILITY=default CUDA_VISIBLE_DEVICES= $(PY) -m pytest $(NBVAL) $(PARALLEL) notebooks
 
 # Every notebook run on the GPU: fails on any cell error or any measured value outside its range.
 test-gpu: $(INSTALLED)

@@ -6,6 +6,8 @@ for it; it returns what the worker returned on process 0. A worker only trains a
 results: this module owns the rest of the protocol.
 
 - One thread per process (they share the machine's cores).
+- The processes meet on ``port``: by default ``$MASTER_PORT``, the variable PyTorch's launchers read,
+  else 29500; if that port is taken, a free one.
 - ``Accelerator(cpu=True)`` when there is no GPU: without it each process would run alone.
   A collective that waits longer than ``COLLECTIVE_TIMEOUT_S`` fails instead of hanging.
 - A worker that raises writes its own traceback before its peers lose their connection to it,
@@ -39,7 +41,7 @@ COLLECTIVE_TIMEOUT_S = 60  # no single collective of the course takes more than 
 FORKED_WORKER_ENV = "COURSE_FORKED_WORKER"  # set in the processes that run_in_processes forks
 
 
-def run_in_processes(worker, worker_args=(), num_processes=2, port=29500, timeout_s=LAUNCH_TIMEOUT_S):
+def run_in_processes(worker, worker_args=(), num_processes=2, port=None, timeout_s=LAUNCH_TIMEOUT_S):
     """Run ``worker(accelerator, *worker_args)`` in ``num_processes`` forked processes; return process 0's result.
 
     The result must be JSON-serialisable (it travels through a file). A worker that raises is
@@ -59,6 +61,8 @@ def run_in_processes(worker, worker_args=(), num_processes=2, port=29500, timeou
     require_loopback()
     reset_accelerate_state()
     preload_training_modules()  # once, before the fork: the workers share it instead of each importing it
+    if port is None:
+        port = default_port()
     if port_is_busy(port):
         port = free_port()
     with tempfile.TemporaryDirectory() as folder:
@@ -164,6 +168,15 @@ def fresh_progress_bar_locks():
         if "_lock" in vars(cls) and cls is not std.tqdm:
             delattr(cls, "_lock")
     std.tqdm.set_lock(threading.RLock())
+
+
+def default_port():
+    """``$MASTER_PORT`` if set (two test sessions side by side each set their own), else PyTorch's 29500."""
+    value = os.environ.get("MASTER_PORT", "29500")
+    if not value.isdigit() or not 0 < int(value) < 65536:
+        raise ValueError(f"MASTER_PORT must be a TCP port number (1-65535), got {value!r}; "
+                         "unset it to use 29500, or pass port= to choose one")
+    return int(value)
 
 
 def free_port():

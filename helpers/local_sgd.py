@@ -169,7 +169,7 @@ def as_config(config):
     return config if isinstance(config, RunConfig) else RunConfig(**config)
 
 
-def launch(configs, num_processes=2, port=29500, timeout_s=LAUNCH_TIMEOUT_S):
+def launch(configs, num_processes=2, port=None, timeout_s=LAUNCH_TIMEOUT_S):
     """Train each of ``configs`` on ``num_processes`` processes started from a notebook; process 0's results.
 
     The configs are checked here, before any process starts; see ``helpers.launcher.run_in_processes``

@@ -1,12 +1,21 @@
-"""What the test modules share: reading a stored notebook.
+"""What the test modules share: reading a stored notebook, and a port of its own for each test worker.
 
 The repository root is ``helpers.paths.REPO_ROOT``: import it from there.
 """
 import json
+import os
 
 import pytest
 
 from helpers.paths import REPO_ROOT
+
+
+# `make test` runs on two workers (pytest-xdist). Each gives the processes it launches a port of its
+# own (helpers.launcher.default_port reads MASTER_PORT; notebook kernels inherit it), so two launches
+# at the same moment cannot both take 29500.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", ... in a worker; unset otherwise
+if _WORKER.startswith("gw"):
+    os.environ["MASTER_PORT"] = str(29500 + 100 * int(_WORKER[2:]))
 
 
 def _read_notebook(path):

@@ -85,6 +85,17 @@ def test_a_timeout_that_is_not_positive_gets_a_clear_error(bad):
         run_in_processes(reports_who_it_is, ("x",), timeout_s=bad)
 
 
+def test_the_port_comes_from_master_port_and_a_bad_one_gets_a_clear_error(monkeypatch):
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    assert launcher.default_port() == 29500
+    monkeypatch.setenv("MASTER_PORT", "29617")
+    assert launcher.default_port() == 29617
+    for bad in ("", "port", "70000", "0"):
+        monkeypatch.setenv("MASTER_PORT", bad)
+        with pytest.raises(ValueError, match="MASTER_PORT must be a TCP port number"):
+            launcher.default_port()
+
+
 @pytest.mark.parametrize("peer_error", [
     "RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:28843.",
     "RuntimeError: [../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:22960: Connection reset by peer."])

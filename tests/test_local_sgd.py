@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from helpers.launcher import default_port
 from helpers.local_sgd import RunConfig, launch, train_worker, validate_local_sgd_steps
 from helpers.models import build_model
 from helpers.paths import REPO_ROOT
@@ -116,7 +117,7 @@ def test_a_single_process_refuses_to_pretend():
 def accelerate_launch(flags, folder):
     """Start the script form with `accelerate launch` and ``flags``, in ``folder``, its output to files there."""
     command = [sys.executable, "-m", "accelerate.commands.launch", *flags, "--num_processes", "2",
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+               "--main_process_port", str(default_port()), "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                str(REPO_ROOT / "helpers" / "local_sgd.py"), "--local-sgd-steps", "4",
                "--optimizer-steps", "8", "--results", str(folder / "results.json")]
     with open(folder / "stdout", "w") as stdout, open(folder / "stderr", "w") as stderr:
