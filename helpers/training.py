@@ -12,7 +12,7 @@ LEARNING_RATE = 3e-3  # high, as a tiny model trained from scratch likes it
 WARMUP_SHARE = 0.1  # share of the optimizer steps with a rising learning rate
 WEIGHT_DECAY = 0.0  # Trainer's default, which the hand-written loops copy (torch's AdamW defaults to 0.01)
 MAX_GRAD_NORM = 1.0  # Trainer's default gradient clipping, which the hand-written loops copy
-# Lesson 02's Trainer batches (the slide's), which its exercises 2.1 and 2.2 ask for too.
+# Lesson 02's Trainer batches (the slide's): 64 examples per optimizer step, which exercise 2.1 keeps.
 MICRO_BATCH_SIZE = 16  # examples in one forward + backward
 TRAINER_ACCUMULATION = 4  # micro-batches per optimizer step (gradient_accumulation_steps)
 
