@@ -1,5 +1,13 @@
-"""Checks for notebooks/practice/01_gradient_checkpointing_practice.ipynb (lesson 01)."""
+"""Checks for notebooks/practice/01_gradient_checkpointing_practice.ipynb (lesson 01).
+
+Each check runs the learner's answer and the intended answer the same way, and judges the answer by
+what it does against what the intended one does: bytes kept for backward, matrix multiplies run again,
+layers checkpointed, gradients. The hints explain what the answer did, from the same measurements.
+"""
+import functools
+import math
 from functools import partial
+from unittest import mock
 
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
@@ -7,13 +15,44 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 from helpers.memory import count_ops, measure_memory
 from helpers.practice.verdicts import (Wrong, call_learner, checker, explaining_warnings, require_callable,
                                       require_done, whole_number)
-from helpers.units import KiB, MiB
+from helpers.units import KiB
 
 SAVE_POLICIES = (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE)
 
 
+def on_one_thread(judge):
+    """Run a judge on one CPU thread, and give the learner back their thread count after.
+
+    The checks count bytes and operations on tiny tensors, never time: threads only add overhead there, and
+    on a busy machine threads that wait for each other made a check ten times slower.
+    """
+    @functools.wraps(judge)
+    def judged_on_one_thread(*args, **kwargs):
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return judge(*args, **kwargs)
+        finally:
+            torch.set_num_threads(threads)
+
+    return judged_on_one_thread
+
+
+def plural(count, word):
+    """``1 layer``, ``2 layers``."""
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def listed(names):
+    """``a``, ``a and b``, ``a, b and c``."""
+    names = list(names)
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+# --- 1.1: a region that ends before B ------------------------------------------------------------------
+
 class ABCExample:
-    """Lesson 1's A + B = C example, small: A = sin(x) is cheap, B = x @ W + b is expensive.
+    """Lesson 1's A + B = C example, small: A = sin(x) is cheap, B = x @ W + b is expensive, C = A * B.
 
     As in lesson 1, C is A * B rather than the slide's A + B: the gradient of a sum needs neither input,
     so autograd would keep nothing; a product's backward needs both A and B.
@@ -21,196 +60,82 @@ class ABCExample:
 
     def __init__(self, rows=128, features=256, seed=0):
         generator = torch.Generator().manual_seed(seed)
-        self.x = torch.randn(rows, features, generator=generator).requires_grad_()
+        self.x = torch.randn(rows, features, generator=generator).requires_grad_()  # (rows, features)
         self.W = (torch.randn(features, features, generator=generator) / features**0.5).requires_grad_()
         self.b = torch.zeros(features, requires_grad=True)
 
-    def compute_c(self, x):
-        """C from x, the region that ``loss`` checkpoints."""
-        A = torch.sin(x)                  # cheap, element-wise
-        B = torch.addmm(self.b, x, self.W)  # expensive matrix multiply
-        return A * B                      # C
+    def loss_region_ends_before_b(self):
+        """Exercise 1.1's graph: only A inside the checkpoint; B and C computed outside it."""
+        A = checkpoint(torch.sin, self.x, use_reentrant=False)  # the region: A = sin(x), nothing more
+        B = torch.addmm(self.b, self.x, self.W)
+        return (A * B).sum()
 
-    def loss(self, context_fn=None, checkpointed=True):
-        """The sum of C, computed under checkpoint (with ``context_fn``'s policy, if given) or plainly."""
-        if not checkpointed:
-            return self.compute_c(self.x).sum()
-        if context_fn is None:
-            return checkpoint(self.compute_c, self.x, use_reentrant=False).sum()
-        return checkpoint(self.compute_c, self.x, use_reentrant=False, context_fn=context_fn).sum()
-
-    def gradients(self, loss_fn):
-        """Copies of the gradients of x, W and b after ``loss_fn().backward()`` from zero."""
-        for tensor in (self.x, self.W, self.b):
-            tensor.grad = None
-        loss_fn().backward()
-        return [self.x.grad.clone(), self.W.grad.clone(), self.b.grad.clone()]
+    def loss_without_checkpointing(self):
+        A = torch.sin(self.x)
+        B = torch.addmm(self.b, self.x, self.W)
+        return (A * B).sum()
 
 
-def measured_computations():
-    """How many times A (sin), B (addmm) and C (mul) run over forward + backward with plain checkpointing."""
+def region_before_b_measurements():
+    """What exercise 1.1's graph keeps and runs, measured: the answer, and what the hints compare it with."""
     example = ABCExample()
-    forward, backward = count_ops(lambda: example.loss())
-    _, backward_without = count_ops(lambda: example.loss(checkpointed=False))
-    # backward runs mul for the gradients anyway: only the difference is a recomputed C
-    recomputed_c = backward.get("mul", 0) - backward_without.get("mul", 0)
-    return {"A": forward["sin"] + backward.get("sin", 0), "B": forward["addmm"] + backward.get("addmm", 0),
-            "C": forward["mul"] + recomputed_c}
+    tensor_kib = example.x.numel() * example.x.element_size() // KiB  # A, B and C: each x's shape, float32
+    forward, backward = count_ops(example.loss_region_ends_before_b)
+    with torch.utils.checkpoint.set_checkpoint_early_stop(False):
+        _, backward_without_early_stop = count_ops(example.loss_region_ends_before_b)
+    report = measure_memory(example.loss_region_ends_before_b)
+    return {"kept_KiB": report.saved_bytes / KiB,
+            "A_runs": forward["sin"] + backward.get("sin", 0),
+            "B_runs": forward["addmm"] + backward.get("addmm", 0),
+            "tensor_KiB": tensor_kib,
+            "kept_without_checkpointing_KiB": measure_memory(example.loss_without_checkpointing).saved_bytes / KiB,
+            "A_runs_without_early_stop": forward["sin"] + backward_without_early_stop.get("sin", 0)}
 
 
 @checker("1.1")
-def check_recompute_prediction(prediction):
-    """``prediction``: {"A": n, "B": n, "C": n}, how many times each is computed with plain checkpointing."""
+@on_one_thread
+def check_region_before_b_prediction(prediction):
+    """``prediction``: {"kept_KiB": n, "A_runs": n, "B_runs": n} for exercise 1.1's graph."""
     require_done(prediction, "prediction", "a whole number")
-    if not isinstance(prediction, dict) or set(prediction) != {"A", "B", "C"}:
-        raise Wrong('prediction should be a dict with the keys "A", "B" and "C", e.g. {"A": 1, "B": 1, "C": 1}.')
-    predicted = {node: whole_number(prediction[node], f'prediction["{node}"]') for node in "ABC"}
-    measured = measured_computations()
-    if predicted == measured:
-        return (f"measured with count_ops: A {measured['A']}x, B {measured['B']}x, C {measured['C']}x. "
-                "Checkpointing drops A and B after forward and computes them again in backward; C is never "
-                "recomputed, because backward needs only A and B.")
-    wrong = [node for node in "ABC" if predicted[node] != measured[node]]
-    if any(predicted[node] < measured[node] for node in "AB"):
-        raise Wrong(f"you predicted {predicted}. Hint: checkpoint keeps only the region's input x; "
-                    "backward needs A and B (dC/dA = B, dC/dB = A), so how many times must each be computed?")
-    if "C" in wrong and predicted["C"] > measured["C"]:
-        raise Wrong("A and B are right, C is not. Hint: does the backward pass need C itself, or only A and B? "
-                    "PyTorch's non-reentrant checkpoint stops recomputing once it has everything backward needs.")
-    raise Wrong(f"you predicted {predicted}; {', '.join(wrong)} is off. Hint: each tensor is computed once in "
-                "forward; count how many of them backward must compute again.")
+    keys = ("kept_KiB", "A_runs", "B_runs")
+    if not isinstance(prediction, dict) or set(prediction) != set(keys):
+        raise Wrong('prediction should be a dict with the keys "kept_KiB", "A_runs" and "B_runs", '
+                    'e.g. {"kept_KiB": 0, "A_runs": 1, "B_runs": 1}.')
+    predicted = {key: whole_number(prediction[key], f'prediction["{key}"]') for key in keys}
+    measured = region_before_b_measurements()
+    kib = measured["tensor_KiB"]
+    if measured["kept_KiB"] != 2 * kib:  # the hints below explain A and B kept: make sure that is what ran
+        raise RuntimeError(f"exercise 1.1's graph kept {measured['kept_KiB']} KiB, not A and B ({2 * kib} KiB)")
+    hints = {}  # what is off in the prediction -> why, without giving the measured value away
+    if predicted["kept_KiB"] < measured["kept_KiB"]:
+        hints["kept_KiB"] = (
+            ("you predicted that nothing stays. " if predicted["kept_KiB"] == 0 else
+             f"you counted one tensor of {kib} KiB. " if predicted["kept_KiB"] == kib else "")
+            + "More stays: checkpoint drops only what is saved *inside* its region, and mul, outside it, "
+            "saves both of its inputs (dC/dA = B, dC/dB = A). Is A dropped when A is the region's output?")
+    elif predicted["kept_KiB"] > measured["kept_KiB"]:
+        hints["kept_KiB"] = ("less stays than you predicted: which op would save C, when the backward of sum "
+                             "needs no input?")
+    if predicted["A_runs"] != measured["A_runs"]:
+        hints["A_runs"] = (
+            f"{predicted['A_runs']} would be right without early stop. With it (the default), the "
+            "recomputation stops as soon as every tensor the region saved has been saved again: which tensor "
+            "does sin save, and does it save it before or after it runs?"
+            if predicted["A_runs"] == measured["A_runs_without_early_stop"] else
+            "count forward once, then ask whether backward must run sin again to get what the region saved.")
+    if predicted["B_runs"] != measured["B_runs"]:
+        hints["B_runs"] = "B is computed outside the region, and only what runs inside a checkpoint is recomputed."
+    if hints:
+        raise Wrong(f"off: {listed(hints)}. Hint: " + " ".join(f"{key}: {hint}" for key, hint in hints.items()))
+    same = measured["kept_KiB"] == measured["kept_without_checkpointing_KiB"]
+    return (f"measured: {measured['kept_KiB']:.0f} KiB kept for backward (A and B), sin {measured['A_runs']}x, "
+            f"addmm {measured['B_runs']}x. " + ("The same bytes as without checkpointing: " if same else "")
+            + "A is the region's output, which mul saves outside the region, and early stop ends "
+            "the recomputation before sin runs again (its only saved tensor is its input x). A region "
+            "pays off only when what it drops inside is not needed outside.")
 
 
-def recording(policy):
-    """Wrap the learner's policy: remember what it returned for each op, and reject non-policies."""
-    decisions = {}
-
-    def recorded(ctx, op, *args, **kwargs):
-        decision = policy(ctx, op, *args, **kwargs)
-        if isinstance(decision, bool):  # PyTorch accepts True (save) and False (recompute)
-            decision = CheckpointPolicy.MUST_SAVE if decision else CheckpointPolicy.PREFER_RECOMPUTE
-        if not isinstance(decision, CheckpointPolicy):
-            raise Wrong(f"your policy returned {decision!r} for {op}; it must return a CheckpointPolicy, e.g. "
-                        "CheckpointPolicy.MUST_SAVE or CheckpointPolicy.PREFER_RECOMPUTE, for every op. "
-                        "Hint: is there a return on every path?")
-        decisions[str(op)] = decision
-        return decision
-
-    return recorded, decisions
-
-
-@checker("1.3")
-def check_keep_expensive_policy(policy):
-    """``policy(ctx, op, *args, **kwargs)``: save the matrix multiply, recompute the rest."""
-    require_callable(policy, "keep_expensive")
-    example = ABCExample()
-    recorded, decisions = recording(policy)
-    context_fn = partial(create_selective_checkpoint_contexts, recorded)
-    loss_fn = partial(example.loss, context_fn)
-    call_learner(lambda: example.gradients(loss_fn), name="keep_expensive (inside checkpoint)")
-    saved_ops = sorted(op for op, decision in decisions.items() if decision in SAVE_POLICIES)
-    _, backward = count_ops(loss_fn)
-    if backward.get("addmm", 0) > 0:
-        said = f"it saved {', '.join(saved_ops)}" if saved_ops else "it saved no op at all"
-        raise Wrong(f"B (the matrix multiply, aten.addmm) ran again in backward: {said}. The ops your policy "
-                    f"saw were {', '.join(sorted(decisions))}. Hint: `op` is an ATen overload; compare it with "
-                    "torch.ops.aten.addmm.default (not torch.addmm) and return CheckpointPolicy.MUST_SAVE.")
-    if backward.get("sin", 0) == 0:
-        raise Wrong(f"nothing was recomputed: your policy saved {', '.join(saved_ops)}, so A (sin) was kept too "
-                    "and checkpointing saves no memory. Hint: return CheckpointPolicy.PREFER_RECOMPUTE for "
-                    "every op other than the matrix multiply.")
-    if not all(torch.allclose(g, r) for g, r in zip(example.gradients(loss_fn),
-                                                     example.gradients(partial(example.loss, checkpointed=False)))):
-        raise Wrong("the gradients differ from those without checkpointing. Hint: the policy must only decide "
-                    "what to save; it must not change any tensor.")
-    kept = measure_memory(loss_fn)
-    return (f"backward recomputed sin {backward['sin']}x and addmm 0x; B stayed in memory "
-            f"({kept.saved_bytes / KiB:.0f} KiB kept for backward), and the gradients are identical.")
-
-
-class Block(torch.nn.Module):
-    """Lesson 1's block: a residual MLP, 8x wider inside."""
-
-    def __init__(self, width):
-        """A block ``width`` wide outside, 8 x ``width`` inside."""
-        super().__init__()
-        self.up, self.down = torch.nn.Linear(width, 8 * width), torch.nn.Linear(8 * width, width)
-
-    def forward(self, h):
-        """h plus the MLP of h (the residual connection)."""
-        return h + self.down(torch.nn.functional.gelu(self.up(h)))
-
-
-def make_blocks(n_blocks=8, width=32, seed=0):
-    """``n_blocks`` blocks whose weights depend only on ``seed``, leaving the learner's random state alone."""
-    with torch.random.fork_rng(devices=[]):  # the blocks' layers draw from the global generator: restore it after
-        torch.manual_seed(seed)
-        return torch.nn.ModuleList(Block(width) for _ in range(n_blocks))
-
-
-def every_block_checkpointed(blocks, h):
-    """The reference answer to exercise 1.4."""
-    for block in blocks:
-        h = checkpoint(block, h, use_reentrant=False)
-    return h
-
-
-def plain_forward(blocks, h):
-    """The blocks one after the other, without checkpointing: the reference output and memory."""
-    for block in blocks:
-        h = block(h)
-    return h
-
-
-def stack_measurements(forward, blocks, h):
-    """(memory report, the blocks' gradients) of ``forward(blocks, h)`` followed by backward."""
-    blocks.zero_grad(set_to_none=True)
-    report = measure_memory(lambda: forward(blocks, h).square().mean())
-    return report, [p.grad for p in blocks.parameters()]
-
-
-@checker("1.4")
-def check_checkpointed_forward(checkpointed_forward):
-    """``checkpointed_forward(blocks, h)``: run the blocks in order, each inside its own checkpoint."""
-    require_callable(checkpointed_forward, "checkpointed_forward")
-    blocks, h = make_blocks(), torch.randn(512, 32, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        expected_output = plain_forward(blocks, h)
-    with explaining_warnings("requires_grad=True", "use_reentrant") as reentrant_warnings:
-        output = call_learner(checkpointed_forward, blocks, h, name="checkpointed_forward")
-    if not isinstance(output, torch.Tensor) or output.shape != expected_output.shape:
-        raise Wrong(f"checkpointed_forward should return the last block's output, a tensor of shape "
-                    f"{tuple(expected_output.shape)}, but returned {type(output).__name__}"
-                    f"{tuple(output.shape) if isinstance(output, torch.Tensor) else ''}.")
-    if not torch.allclose(output.detach(), expected_output, atol=1e-5):
-        raise Wrong("its output differs from running the blocks one after the other. Hint: feed each block the "
-                    "previous block's output, and return the last one.")
-    if not output.requires_grad:
-        reentrant = bool(reentrant_warnings)
-        raise Wrong("its output does not require a gradient, so the blocks' weights cannot learn. " + (
-            "PyTorch warned that no input requires grad: without use_reentrant=False, checkpoint takes the old "
-            "reentrant path, which needs an input that requires grad. Hint: checkpoint(block, h, use_reentrant=False)."
-            if reentrant else "Hint: do not run the blocks under torch.no_grad(); checkpoint handles that itself."))
-    without, reference_grads = stack_measurements(plain_forward, blocks, h)
-    reference, _ = stack_measurements(every_block_checkpointed, blocks, h)
-    yours, grads = call_learner(stack_measurements, checkpointed_forward, blocks, h,
-                                name="checkpointed_forward (forward and backward)")
-    if any(g is None for g in grads) or not all(torch.allclose(g, r, atol=1e-6) for g, r in zip(grads, reference_grads)):
-        raise Wrong("the blocks' gradients differ from those without checkpointing. Hint: "
-                    "checkpoint(block, h, use_reentrant=False) recomputes the same values; do not detach h.")
-    if yours.saved_bytes >= 0.9 * without.saved_bytes:
-        raise Wrong(f"it kept {yours.saved_bytes / MiB:.2f} MiB for backward, as much as without checkpointing "
-                    f"({without.saved_bytes / MiB:.2f} MiB). Hint: wrap each call block(h) in "
-                    "checkpoint(block, h, use_reentrant=False).")
-    if yours.peak_activation_bytes > 1.1 * reference.peak_activation_bytes:
-        raise Wrong(f"it kept only {yours.saved_bytes / MiB:.2f} MiB after forward, but the peak during backward "
-                    f"was {yours.peak_activation_bytes / MiB:.2f} MiB against {reference.peak_activation_bytes / MiB:.2f} "
-                    "MiB with one checkpoint per block: a region of several blocks is recomputed all at once. "
-                    "Hint: give each block its own checkpoint.")
-    return (f"kept for backward {yours.saved_bytes / MiB:.2f} MiB instead of {without.saved_bytes / MiB:.2f} MiB "
-            f"(only the blocks' inputs); peak activations {yours.peak_activation_bytes / MiB:.2f} MiB instead of "
-            f"{without.peak_activation_bytes / MiB:.2f} MiB; the gradients are identical.")
-
+# --- 1.2: the switch in Transformers, a colleague's line fixed ------------------------------------------
 
 def tiny_batch(vocab_size, special_ids, seed=0):
     """8 sequences of 64 random ordinary tokens (ids below ``vocab_size``, none in ``special_ids``), labels 0, 1, ..."""
@@ -221,33 +146,467 @@ def tiny_batch(vocab_size, special_ids, seed=0):
     return {"input_ids": ordinary_ids[picks], "labels": torch.tensor([0, 1] * 4)}
 
 
-@checker("1.2")
-def check_switch_on_checkpointing(switch_on_checkpointing):
-    """``switch_on_checkpointing(model)``: turn on a Transformers model's activation checkpointing."""
+def intended_switch(model):
+    """The answer to exercise 1.2: every layer, today's name, non-reentrant, no copy of the random-number state."""
+    model.activation_checkpointing_enable(
+        activation_checkpointing_kwargs={"use_reentrant": False, "preserve_rng_state": False})
+
+
+def checkpointed_layers(model):
+    """{name: whether its checkpoint flag is on} for each of the model's layers: what the switch set."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return {name: module.gradient_checkpointing for name, module in model.named_modules()
+            if isinstance(module, GradientCheckpointingLayer)}
+
+
+def run_and_count_rng_copies(model, batch):
+    """(memory report of one forward + backward, how many times it copied the CPU random-number state)."""
+    copies = []
+    real_get_rng_state = torch.get_rng_state
+
+    def counted_get_rng_state():
+        # with preserve_rng_state, checkpoint copies the state in forward, and again around the recomputation
+        # (torch.random.fork_rng), both through torch.get_rng_state (torch/utils/checkpoint.py)
+        copies.append(1)
+        return real_get_rng_state()
+
+    with mock.patch.object(torch, "get_rng_state", counted_get_rng_state):
+        report = measure_memory(lambda: model(**batch).loss)
+    return report, len(copies)
+
+
+def gradients_by_autograd_grad(model, batch):
+    """The parameters' gradients through torch.autograd.grad, which the reentrant checkpoint refuses."""
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    return torch.autograd.grad(model(**batch).loss, parameters)
+
+
+@functools.cache
+def switch_reference():
+    """(batch, kept bytes without checkpointing, kept bytes with the intended switch, gradients), measured once."""
     from helpers.data import load_tokenizer
     from helpers.models import build_model
 
-    require_callable(switch_on_checkpointing, "switch_on_checkpointing")
     model = build_model("tiny", seed=0).train()
     batch = tiny_batch(model.config.vocab_size, load_tokenizer().all_special_ids)
-    before = measure_memory(lambda: model(**batch).loss)
-    reference = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad(set_to_none=True)
-    with explaining_warnings("gradient_checkpointing_enable") as deprecation_warnings:
+    before, _ = run_and_count_rng_copies(model, batch)
+    gradients = tuple(p.grad.clone() for p in model.parameters() if p.requires_grad)
+    intended_switch(model)
+    reference, _ = run_and_count_rng_copies(model, batch)
+    return batch, before.saved_bytes, reference.saved_bytes, gradients
+
+
+@checker("1.2")
+@on_one_thread
+def check_switch_on_checkpointing(switch_on_checkpointing):
+    """``switch_on_checkpointing(model)``: every layer, today's name, non-reentrant, preserve_rng_state=False."""
+    from helpers.models import build_model
+
+    require_callable(switch_on_checkpointing, "switch_on_checkpointing")
+    batch, before_bytes, reference_bytes, reference_grads = switch_reference()
+    model = build_model("tiny", seed=0).train()
+    with explaining_warnings("gradient_checkpointing_enable", "use_reentrant") as explained:
         call_learner(switch_on_checkpointing, model, name="switch_on_checkpointing")
-    model.train()
-    after = call_learner(measure_memory, lambda: model(**batch).loss,
-                         name="the model's forward and backward after switch_on_checkpointing")
-    if after.saved_bytes >= 0.9 * before.saved_bytes:
-        raise Wrong(f"nothing changed: {before.saved_bytes / MiB:.2f} MiB kept for backward before your call, "
-                    f"{after.saved_bytes / MiB:.2f} MiB after. Setting an attribute (on the model or its config) "
-                    "does not switch checkpointing on. Hint: call the model's method that enables it.")
-    grads = [p.grad for p in model.parameters()]
-    if any(g is None for g in grads) or not all(torch.allclose(g, r, atol=1e-6) for g, r in zip(grads, reference)):
-        raise Wrong("the gradients changed. Hint: switching checkpointing on must not change what the model computes.")
-    note = ""
-    if deprecation_warnings:
-        note = (" Note: gradient_checkpointing_enable() is the deprecated name (Transformers warns that it will be "
-                "removed in v6); prefer activation_checkpointing_enable().")
-    return (f"kept for backward {before.saved_bytes / MiB:.2f} MiB before, {after.saved_bytes / MiB:.2f} MiB after "
-            f"({before.saved_bytes / after.saved_bytes:.1f}x less), with identical gradients.{note}")
+        model.train()  # the exercise is the switch, not the mode: a forgotten model.eval() is not judged here
+        yours, rng_copies = call_learner(run_and_count_rng_copies, model, batch,
+                                         name="the model's forward and backward after switch_on_checkpointing")
+        try:
+            grads = gradients_by_autograd_grad(model, batch)
+            reentrant_error = None
+        except RuntimeError as error:
+            if "use_reentrant=True" not in str(error):
+                raise Wrong(f"after switch_on_checkpointing, torch.autograd.grad raised RuntimeError: "
+                            f"{str(error).splitlines()[0]}. Hint: run it on its own to see the full "
+                            "error.") from None
+            grads, reentrant_error = None, error
+    deprecated = any("gradient_checkpointing_enable" in str(w.message) for w in explained)
+    torch_warned = any("use_reentrant" in str(w.message) for w in explained)
+
+    if yours.saved_bytes >= 0.9 * before_bytes:
+        raise Wrong(f"nothing changed: {before_bytes / KiB:.0f} KiB kept for backward without checkpointing, "
+                    f"{yours.saved_bytes / KiB:.0f} KiB after your call. Setting an attribute (on the model or its "
+                    "config) does not switch checkpointing on. Hint: call the model's method that enables it, "
+                    "model.activation_checkpointing_enable(...).")
+    problems = []
+    if deprecated:
+        problems.append("you called gradient_checkpointing_enable, the deprecated name (Transformers warns that "
+                        "it goes in v6): the exercise asks for today's name, activation_checkpointing_enable; its "
+                        "keyword is activation_checkpointing_kwargs")
+    layers = checkpointed_layers(model)
+    if yours.saved_bytes > 1.01 * reference_bytes:
+        off = [name for name, on in layers.items() if not on]
+        which = (f"{len(off)} of the {len(layers)} layers ({listed(off)}) ran without a checkpoint and kept "
+                 f"{'its' if len(off) == 1 else 'their'} activations" if off else
+                 "some layers kept their activations")
+        problems.append(f"{which}: {yours.saved_bytes / KiB:.0f} KiB kept for backward, against "
+                        f"{reference_bytes / KiB:.0f} KiB with every layer checkpointed. The exercise asks "
+                        "for every layer: every_n_layers must stay 1 (its default; every_n_layers=2 checkpoints "
+                        "only every second layer)")
+    if reentrant_error is not None:
+        cause = ("your activation_checkpointing_kwargs replaced Transformers' default {'use_reentrant': False} "
+                 "instead of adding to it, and PyTorch, told nothing, took its old reentrant checkpoint (it "
+                 "warned: 'the use_reentrant parameter should be passed explicitly')" if torch_warned else
+                 "your kwargs asked for the reentrant checkpoint (use_reentrant=True)")
+        problems.append(f"the reentrant checkpoint ran: {cause}. torch.autograd.grad then fails ('When "
+                        "use_reentrant=True, torch.utils.checkpoint is incompatible with .grad()'); put "
+                        "\"use_reentrant\": False in the dict yourself")
+    if rng_copies:
+        problems.append(f"checkpoint copied the random-number state {plural(rng_copies, 'time')} in one forward "
+                        "and backward pass (to replay it when it recomputes a layer): preserve_rng_state is True "
+                        "unless you pass \"preserve_rng_state\": False in activation_checkpointing_kwargs")
+    if problems:
+        raise Wrong(f"{plural(len(problems), 'thing')} to fix. Hint: " + "; ".join(problems) + ".")
+    if any(g is None for g in grads) or not all(torch.allclose(g, r, atol=1e-6)
+                                                for g, r in zip(grads, reference_grads)):
+        raise Wrong("the gradients changed. Hint: switching checkpointing on must not change what the model "
+                    "computes.")
+    if abs(yours.saved_bytes - reference_bytes) > 0.01 * reference_bytes:
+        raise Wrong(f"it kept {yours.saved_bytes / KiB:.0f} KiB for backward, against {reference_bytes / KiB:.0f} "
+                    "KiB with every layer checkpointed. Hint: switch it on with activation_checkpointing_enable, "
+                    "and change nothing else in the model.")
+    return (f"{sum(layers.values())} of {len(layers)} layers checkpointed: {yours.saved_bytes / KiB:.0f} KiB kept "
+            f"for backward instead of {before_bytes / KiB:.0f} KiB, the random-number state never copied, and "
+            "torch.autograd.grad "
+            "gives the same gradients. Skipping the copy is safe here only because this model has no dropout: "
+            "with dropout, the recomputed masks must be the forward's.")
+
+
+# --- 1.3 and 1.4: a gated MLP block (Llama's, with biases) ----------------------------------------------
+
+class GatedBlock(torch.nn.Module):
+    """A residual gated MLP (SwiGLU, as in Llama): h + down(silu(gate(h)) * up(h)), ``hidden`` wide inside."""
+
+    def __init__(self, width, hidden):
+        super().__init__()
+        self.gate_proj = torch.nn.Linear(width, hidden)
+        self.up_proj = torch.nn.Linear(width, hidden)
+        self.down_proj = torch.nn.Linear(hidden, width)
+
+    def forward(self, h):  # h: (rows, width)
+        gate = self.gate_proj(h)  # (rows, hidden), a matrix multiply: aten.addmm
+        up = self.up_proj(h)      # (rows, hidden), aten.addmm
+        return h + self.down_proj(torch.nn.functional.silu(gate) * up)  # down: (rows, width), aten.addmm
+
+
+def make_gated_blocks(n_blocks, width, hidden, seed=0):
+    """``n_blocks`` gated blocks whose weights depend only on ``seed``, leaving the learner's random state alone."""
+    with torch.random.fork_rng(devices=[]):  # the layers draw from the global generator: restore it after
+        torch.manual_seed(seed)
+        return torch.nn.ModuleList(GatedBlock(width, hidden) for _ in range(n_blocks))
+
+
+# The forward ops of one GatedBlock that make a tensor of their own (`t`, a view of a weight, makes none), in
+# order, and what each one is: the names the hints of 1.3 use.
+GATED_TENSORS = [("addmm", "gate"), ("addmm", "up"), ("silu", "silu(gate)"), ("mul", "silu(gate) * up"),
+                 ("addmm", "down_proj's output"), ("add", "the block's output")]
+NEEDED = {"gate", "up"}  # the matmul outputs backward reads: silu's backward reads gate, mul's reads up
+
+
+def keep_gate_and_up(ctx, op, *args, **kwargs):
+    """The answer to exercise 1.3: save the two matmuls whose outputs are hidden wide, recompute the rest."""
+    if op == torch.ops.aten.addmm.default and ctx.op_output.shape[-1] == GatedExample.HIDDEN:
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+class GatedExample:
+    """Exercise 1.3's region: one GatedBlock inside one checkpoint, on a (rows, width) input."""
+
+    ROWS, WIDTH, HIDDEN = 128, 64, 256
+
+    def __init__(self, seed=0):
+        self.block = make_gated_blocks(1, self.WIDTH, self.HIDDEN, seed)[0]
+        self.h = torch.randn(self.ROWS, self.WIDTH, generator=torch.Generator().manual_seed(seed + 1))
+
+    def loss(self, policy=None):
+        """The sum of the block's output, the block checkpointed (with ``policy``, if given) or, for None, plainly."""
+        if policy is None:
+            return self.block(self.h).sum()
+        context_fn = partial(create_selective_checkpoint_contexts, policy)
+        return checkpoint(self.block, self.h, use_reentrant=False, context_fn=context_fn).sum()
+
+    def gradients(self, loss_fn):
+        self.block.zero_grad(set_to_none=True)
+        loss_fn().backward()
+        return [p.grad.clone() for p in self.block.parameters()]
+
+    def measure(self, loss_fn):
+        """(bytes kept for backward, forward matmuls run again in backward)."""
+        self.block.zero_grad(set_to_none=True)
+        kept = measure_memory(loss_fn).saved_bytes
+        _, backward = count_ops(loss_fn)
+        # autograd computes a Linear's gradients with mm: an addmm in backward is a forward matmul run again
+        return kept, backward.get("addmm", 0)
+
+
+@functools.cache
+def gated_reference():
+    """(bytes kept and matmuls run again with the intended policy, bytes kept without checkpointing), measured once."""
+    example = GatedExample()
+    kept, rerun = example.measure(partial(example.loss, keep_gate_and_up))
+    return kept, rerun, example.measure(example.loss)[0]
+
+
+def recording(policy):
+    """Wrap the learner's policy: remember what it returned for each op, in order, and reject non-policies."""
+    decisions = []
+
+    def recorded(ctx, op, *args, **kwargs):
+        decision = policy(ctx, op, *args, **kwargs)
+        if isinstance(decision, bool):  # PyTorch accepts True (save) and False (recompute)
+            decision = CheckpointPolicy.MUST_SAVE if decision else CheckpointPolicy.PREFER_RECOMPUTE
+        if not isinstance(decision, CheckpointPolicy):
+            raise Wrong(f"your policy returned {decision!r} for {op}; it must return a CheckpointPolicy, e.g. "
+                        "CheckpointPolicy.MUST_SAVE or CheckpointPolicy.PREFER_RECOMPUTE, for every op. "
+                        "Hint: is there a return on every path?")
+        decisions.append((op.overloadpacket.__name__, decision in SAVE_POLICIES))
+        return decision
+
+    return recorded, decisions
+
+
+def saved_tensor_names(decisions):
+    """The names (from GATED_TENSORS) of the block's tensors that one forward's decisions saved."""
+    making = [(name, saved) for name, saved in decisions if name != "t"]  # `t` views a weight: no new memory
+    if [name for name, _ in making] != [op for op, _ in GATED_TENSORS]:
+        raise RuntimeError(f"the gated block ran {[name for name, _ in making]}, "
+                           f"not {[op for op, _ in GATED_TENSORS]}")
+    return [tensor for (_, tensor), (_, saved) in zip(GATED_TENSORS, making) if saved]
+
+
+@checker("1.3")
+@on_one_thread
+def check_gated_block_policy(policy):
+    """``policy(ctx, op, *args, **kwargs)``: no matmul run again in backward, nothing kept that backward won't read."""
+    require_callable(policy, "keep_what_backward_reads")
+    example = GatedExample()
+    recorded, decisions = recording(policy)
+    yours_loss = partial(example.loss, recorded)
+    grads = call_learner(example.gradients, yours_loss, name="keep_what_backward_reads (inside checkpoint)")
+    # one forward so far: the policy runs in forward only, never in the recomputation (torch/utils/checkpoint.py,
+    # SelectiveCheckpointContext's docstring), so it decided each op of the block once
+    saved = saved_tensor_names(decisions)
+    if not all(torch.allclose(g, r, atol=1e-6) for g, r in zip(grads, example.gradients(example.loss))):
+        raise Wrong("the gradients differ from those without checkpointing. Hint: the policy must only decide "
+                    "what to save; it must not change any tensor.")
+    reference_kept, reference_rerun, without_kept = gated_reference()
+    kept, rerun = example.measure(yours_loss)
+    kib = example.ROWS * example.HIDDEN * 4 // KiB
+    said = f"your policy saved {listed(saved)}" if saved else "your policy saved no tensor"
+    found, hints = [], []
+    if rerun > reference_rerun:
+        missing = sorted(NEEDED - set(saved))
+        found.append(f"backward ran {plural(rerun, 'matmul')} again ({said})")
+        hints.append(f"silu's backward reads gate and mul's backward reads up: {listed(missing)} must be saved, "
+                     f"or the recomputation runs {'its matmul' if len(missing) == 1 else 'their matmuls'} again")
+        if not any(name == "addmm" and is_saved for name, is_saved in decisions):
+            hints.append(f"your policy saw the ops {listed(sorted({name for name, _ in decisions}))}; a Linear "
+                         "runs as torch.ops.aten.addmm.default (compare op with it, not with torch.addmm)")
+    extra = [tensor for tensor in saved if tensor not in NEEDED]
+    if kept > reference_kept * 1.01:
+        found.append(f"{kept / KiB:.0f} KiB stayed for backward, against {reference_kept / KiB:.0f} KiB for gate "
+                     f"and up alone ({kib} KiB each)" + (f": it also saved {listed(extra)}" if extra else ""))
+        reasons = {"down_proj's output": "no backward reads down_proj's output (the residual add after it saves "
+                                         "nothing)",
+                   "silu(gate)": "silu(gate) is cheap to recompute from gate",
+                   "silu(gate) * up": "silu(gate) * up is cheap to recompute from gate and up",
+                   "the block's output": "nothing after the block saves its output"}
+        hints.extend(reasons[tensor] for tensor in extra)
+        if extra:
+            hints.append("save only the addmm outputs that backward reads: ctx.op_output (or args) tells "
+                         "gate and up from down_proj by shape")
+    if found:
+        raise Wrong("; ".join(found) + ". Hint: " + "; ".join(hints) + ".")
+    if kept < reference_kept * 0.99:
+        raise RuntimeError(f"the policy kept {kept} bytes, less than gate and up ({reference_kept}), "
+                           "with no matmul run again")
+    return (f"{kept / KiB:.0f} KiB kept for backward (gate and up, {kib} KiB each; {without_kept / KiB:.0f} KiB "
+            f"without checkpointing), no matmul run again in backward, and identical gradients. down_proj's "
+            "output need not be kept: early stop ends the recomputation before down_proj runs, as soon as it "
+            "has saved its input.")
+
+
+# --- 1.4: a stack of gated blocks in segments --------------------------------------------------------
+
+STACK_WIDTH, STACK_HIDDEN, STACK_ROWS = 32, 128, 512
+STACK_CASES = [(8, 4), (7, 3)]  # (blocks, segments): one that divides evenly, one that does not
+REENTRANT_WARNINGS = ("requires_grad=True", "use_reentrant")  # what PyTorch says when the reentrant path runs
+
+
+def run_blocks(blocks, h):
+    """The blocks one after the other."""
+    for block in blocks:
+        h = block(h)
+    return h
+
+
+def balanced_sizes(n_blocks, segments):
+    """``segments`` lengths that differ by at most one and add up to ``n_blocks``, the longest last."""
+    shorter, longer = divmod(n_blocks, segments)
+    return [shorter] * (segments - longer) + [shorter + 1] * longer
+
+
+def every_segment_checkpointed(blocks, h, segments):
+    """The reference answer to exercise 1.4: ``segments`` balanced segments, each in its own checkpoint.
+
+    Of the balanced orders, the longest segments last gives the highest peak: backward recomputes the last
+    segment first, while the inputs kept for all the others are still alive. So no balanced answer peaks higher.
+    """
+    start = 0
+    for size in balanced_sizes(len(blocks), segments):
+        h = checkpoint(run_blocks, blocks[start:start + size], h, use_reentrant=False)
+        start += size
+    return h
+
+
+class BlockCalls:
+    """Records which blocks run during backward (recomputed), in order, through forward pre-hooks."""
+
+    def __init__(self, blocks):
+        self.blocks, self.in_backward, self.recomputed = blocks, False, []
+        self.handles = [block.register_forward_pre_hook(partial(self.called, i)) for i, block in enumerate(blocks)]
+
+    def called(self, index, module, args):
+        if self.in_backward:
+            self.recomputed.append(index)
+
+    def remove(self):
+        for handle in self.handles:
+            handle.remove()
+
+    def regions(self):
+        """The recomputed regions, each a list of consecutive block indices, in the stack's order."""
+        regions = []
+        for index in self.recomputed:
+            if regions and index == regions[-1][-1] + 1:
+                regions[-1].append(index)
+            else:
+                regions.append([index])
+        return sorted(regions)
+
+
+def stack_measurements(forward, blocks, h, segments):
+    """(memory report, gradients, recomputed regions, blocks whose insides were kept) of forward + backward."""
+    blocks.zero_grad(set_to_none=True)
+    calls = BlockCalls(blocks)
+
+    def loss():
+        loss = forward(blocks, h, segments).square().mean()
+        calls.in_backward = True  # every block call from now on is a recomputation in backward
+        return loss
+
+    try:
+        report = measure_memory(loss)
+    finally:
+        calls.remove()
+    insides_kept = [i for i in range(len(blocks)) if report.kept("silu", i)]
+    return report, [p.grad for p in blocks.parameters()], calls.regions(), insides_kept
+
+
+@checker("1.4")
+@on_one_thread
+def check_checkpointed_segments(checkpointed_forward):
+    """``checkpointed_forward(blocks, h, segments)``: the blocks in ``segments`` balanced checkpointed segments."""
+    require_callable(checkpointed_forward, "checkpointed_forward")
+    for n_blocks, segments in STACK_CASES:  # the message of the last case, if every case passes
+        message = judge_stack_case(checkpointed_forward, n_blocks, segments)
+    return message
+
+
+@functools.cache
+def stack_reference(n_blocks, segments):
+    """(report without checkpointing, report of the reference answer, the gradients), measured once per case."""
+    blocks, h = stack_case(n_blocks)
+    without, gradients, _, _ = stack_measurements(lambda b, x, s: run_blocks(b, x), blocks, h, segments)
+    reference, _, _, _ = stack_measurements(every_segment_checkpointed, blocks, h, segments)
+    return without, reference, tuple(g.clone() for g in gradients)
+
+
+def stack_case(n_blocks):
+    """``n_blocks`` gated blocks and their input, the same at every call."""
+    blocks = make_gated_blocks(n_blocks, STACK_WIDTH, STACK_HIDDEN)
+    return blocks, torch.randn(STACK_ROWS, STACK_WIDTH, generator=torch.Generator().manual_seed(1))
+
+
+def judge_stack_case(checkpointed_forward, n_blocks, segments):
+    """The verdict's message for one (blocks, segments) case, or Wrong."""
+    blocks, h = stack_case(n_blocks)
+    case = f"with {n_blocks} blocks and segments={segments}"
+    with torch.no_grad():
+        expected_output = run_blocks(blocks, h)
+    with explaining_warnings(*REENTRANT_WARNINGS) as reentrant_warnings:
+        output = call_learner(checkpointed_forward, blocks, h, segments, name="checkpointed_forward")
+    if not isinstance(output, torch.Tensor) or output.shape != expected_output.shape:
+        raise Wrong(f"{case}, checkpointed_forward should return the last block's output, a tensor of shape "
+                    f"{tuple(expected_output.shape)}, but returned {type(output).__name__}"
+                    f"{tuple(output.shape) if isinstance(output, torch.Tensor) else ''}.")
+    if not torch.allclose(output.detach(), expected_output, atol=1e-5):
+        raise Wrong(f"{case}, its output differs from running the blocks one after the other. Hint: every block "
+                    "must run exactly once, in order, each on the previous one's output; check where your "
+                    "segments start and end (none left out, none twice).")
+    reentrant_hint = ("PyTorch warned that no input requires grad: without use_reentrant=False, checkpoint takes "
+                      "the old reentrant path, which needs an input that requires grad, and h does not. Hint: pass "
+                      "use_reentrant=False.")
+    if not output.requires_grad:
+        raise Wrong(f"{case}, its output does not require a gradient, so the blocks' weights cannot learn. " + (
+            reentrant_hint if reentrant_warnings else
+            "Hint: do not run the blocks under torch.no_grad(); checkpoint handles that itself."))
+    del output
+    without, reference, reference_grads = stack_reference(n_blocks, segments)
+    with explaining_warnings(*REENTRANT_WARNINGS) as measuring_warnings:
+        yours, grads, regions, insides_kept = call_learner(
+            stack_measurements, checkpointed_forward, blocks, h, segments,
+            name="checkpointed_forward (forward and backward)")
+    if any(g is None for g in grads):
+        no_gradient = [i for i, block in enumerate(blocks) if any(p.grad is None for p in block.parameters())]
+        raise Wrong(f"{case}, block{'s' if len(no_gradient) > 1 else ''} {listed(map(str, no_gradient))} got no "
+                    "gradient. " + (reentrant_hint if reentrant_warnings or measuring_warnings else
+                                    "Hint: do not detach h, and do not run blocks under torch.no_grad()."))
+    if not all(torch.allclose(g, r, atol=1e-6) for g, r in zip(grads, reference_grads)):
+        raise Wrong(f"{case}, the blocks' gradients differ from those without checkpointing. Hint: checkpoint "
+                    "recomputes the same values; do not detach h.")
+    block_input_kib = STACK_ROWS * STACK_WIDTH * 4 / KiB
+    measured = (f"{yours.saved_bytes / KiB:.0f} KiB kept for backward and a peak of "
+                f"{yours.peak_activation_bytes / KiB:.0f} KiB, against {reference.saved_bytes / KiB:.0f} KiB and "
+                f"{reference.peak_activation_bytes / KiB:.0f} KiB with {segments} balanced checkpointed segments")
+    if insides_kept:
+        one = len(insides_kept) == 1
+        trailing = insides_kept == list(range(n_blocks - len(insides_kept), n_blocks))
+        leading = insides_kept == list(range(len(insides_kept)))
+        if trailing and not leading:
+            where = (f" {'This is the last block' if one else 'These are the last blocks'}: checkpoint_sequential "
+                     "leaves its last segment without a checkpoint (its loop wraps segments - 1 of them, "
+                     "torch/utils/checkpoint.py); wrap every segment yourself.")
+        elif leading and not trailing:
+            where = (f" {'This is the first block' if one else 'These are the first blocks'}: does your loop "
+                     "start wrapping at block 0?")
+        else:
+            where = ""
+        raise Wrong(f"{case}, block{'' if one else 's'} {listed(map(str, insides_kept))} ran outside any checkpoint "
+                    f"and kept {'its' if one else 'their'} insides (gate, up, silu...) for backward: {measured}. "
+                    f"Hint: every block must run inside one of the checkpointed segments.{where}")
+    sizes = [len(region) for region in regions]
+    if len(regions) != segments and sizes and sum(sizes) == n_blocks:
+        raise Wrong(f"{case}, you made {plural(len(regions), 'checkpointed region')} of "
+                    f"{listed(map(str, sizes))} blocks, not {segments}: {measured}. Hint: "
+                    + ("each region keeps its input, so more regions keep more; " if len(regions) > segments else
+                       "a longer region is recomputed all at once, so its insides are alive together; ")
+                    + f"split the {n_blocks} blocks into exactly {segments} segments"
+                    + (f" ({n_blocks} // {segments} = {n_blocks // segments} blocks per segment leaves "
+                       f"{n_blocks % segments} over)" if n_blocks % segments else "") + ".")
+    if yours.peak_activation_bytes > 1.01 * reference.peak_activation_bytes and sizes:
+        longest = max(sizes)
+        raise Wrong(f"{case}, your segments have {listed(map(str, sizes))} blocks: {measured}. Hint: backward "
+                    f"recomputes a segment all at once, so the longest ({longest} blocks) sets the peak; balance "
+                    f"them, none longer than {math.ceil(n_blocks / segments)} blocks.")
+    if (abs(yours.saved_bytes - reference.saved_bytes) > 0.01 * reference.saved_bytes
+            or yours.peak_activation_bytes > 1.01 * reference.peak_activation_bytes):
+        raise Wrong(f"{case}: {measured}. Hint: checkpoint each segment once, with "
+                    "checkpoint(run, segment, h, use_reentrant=False), and nothing else.")
+    others = listed(f"{n} in {s}" for n, s in STACK_CASES if (n, s) != (n_blocks, segments))
+    return (f"with {n_blocks} blocks in {segments} segments, as with {others}: "
+            f"{yours.saved_bytes / KiB:.0f} KiB kept for backward ({segments} x {block_input_kib:.0f} KiB: the "
+            "input of every segment but the first, and the stack's output) instead of "
+            f"{without.saved_bytes / KiB:.0f} KiB, a peak of {yours.peak_activation_bytes / KiB:.0f} KiB instead "
+            f"of {without.peak_activation_bytes / KiB:.0f} KiB, and identical gradients.")
