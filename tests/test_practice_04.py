@@ -1,132 +1,398 @@
-"""Practice 4 (AdamW): right answers pass; near misses and typical mistakes get the intended message."""
+"""Practice 4 (AdamW): right answers pass, written several ways; near misses are "not quite", with the right cause.
+
+The near misses are written here as a learner would write them, not taken from the checker's own list of
+mistakes, so that a test fails if the checker stops recognising one.
+"""
 import math
 
 import pytest
 import torch
 
-from helpers.practice.verdicts import CORRECT, WRONG
 from helpers.practice import adamw as l4
+from helpers.practice.verdicts import CORRECT, NOT_DONE, WRONG
+from helpers.units import GiB
 
 from practice_support import assert_verdict, draws_after_seeding
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    from helpers.models import build_model
-
-    model = build_model("tiny")
-    return model, sum(p.numel() for p in model.parameters())
+def values(shapes):
+    return sum(math.prod(shape) for shape in shapes)
 
 
-def test_4_1_accepts_the_estimate(tiny):
-    model, n = tiny
-    assert_verdict(l4.check_adamw_estimate.verdict(model, 8 * n), CORRECT, "ratio")
-    assert_verdict(l4.check_adamw_estimate.verdict(model, float(n * 2 * 4)), CORRECT)
+# --- 4.1: AdamW's state, to the byte -------------------------------------------------------------
+
+def adamw_bytes_per_tensor(shapes, dtype):
+    return sum(2 * math.prod(shape) * dtype.itemsize + 4 for shape in shapes)
 
 
-@pytest.mark.parametrize("bytes_per_parameter, fragment", [
-    (4, "one state per parameter"), (16, "weights + gradients + state"), (12, "adds the gradient"),
-    (8 / 2**20, "MiB"),
+def adamw_bytes_by_entry(shapes, dtype):
+    value_bytes = torch.empty((), dtype=dtype).element_size()
+    entries = {"exp_avg": value_bytes * values(shapes), "exp_avg_sq": value_bytes * values(shapes),
+               "step": torch.tensor(0.0).element_size() * len(shapes)}
+    return sum(entries.values())
+
+
+@pytest.mark.parametrize("answer", [
+    adamw_bytes_per_tensor,
+    adamw_bytes_by_entry,
+    lambda shapes, dtype: float(8 * values(shapes) // 4 * dtype.itemsize + 4 * len(shapes)),  # a float, whole
 ])
-def test_4_1_rejects_typical_estimates(tiny, bytes_per_parameter, fragment):
-    model, n = tiny
-    assert_verdict(l4.check_adamw_estimate.verdict(model, n * bytes_per_parameter), WRONG, fragment)
+def test_4_1_accepts_exact_predictions(answer):
+    assert_verdict(l4.check_optimizer_state_size.verdict(answer), CORRECT, "all 9 cases", "bfloat16")
 
 
-def adamw_step_torch_style(param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_decay):
+@pytest.mark.parametrize("answer, cause", [
+    (lambda shapes, dtype: 8 * values(shapes), "8 bytes per parameter, which holds for float32 only"),
+    (lambda shapes, dtype: 8 * values(shapes) + 4 * len(shapes), "take the parameter's dtype"),
+    (lambda shapes, dtype: 2 * values(shapes) * dtype.itemsize, "`step` counter for every parameter tensor"),
+    (lambda shapes, dtype: (2 * values(shapes) + len(shapes)) * dtype.itemsize, "float32 (4 bytes) whatever"),
+    (lambda shapes, dtype: 2 * values(shapes) * dtype.itemsize + 4, "not one for the whole optimizer"),
+    (lambda shapes, dtype: 16 * values(shapes), "weights + gradients + state"),
+    (lambda shapes, dtype: sum(2 * sum(s) * dtype.itemsize + 4 for s in shapes), "product of its dimensions"),
+])
+def test_4_1_near_misses_are_not_quite_and_name_the_cause(answer, cause):
+    assert_verdict(l4.check_optimizer_state_size.verdict(answer), WRONG, cause)
+
+
+def test_4_1_not_done_and_not_a_number():
+    def unfinished(shapes, dtype):
+        return ...
+
+    assert_verdict(l4.check_optimizer_state_size.verdict(unfinished), NOT_DONE, "adamw_state_bytes")
+    assert_verdict(l4.check_optimizer_state_size.verdict(lambda shapes, dtype: "8 bytes"), WRONG, "whole number")
+    assert_verdict(l4.check_optimizer_state_size.verdict(lambda shapes: 0), WRONG, "TypeError")
+
+
+# --- 4.2: a 7B model's training memory -----------------------------------------------------------
+
+def test_llama_shapes_are_those_of_the_model_transformers_builds():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**l4.LLAMA_2_7B, num_attention_heads=32, num_key_value_heads=32,
+                         tie_word_embeddings=False)
+    with torch.device("meta"):  # shapes only
+        model = LlamaForCausalLM(config)
+    assert l4.llama_shapes(**l4.LLAMA_2_7B) == [tuple(p.shape) for p in model.parameters()]
+
+
+def training_bytes_by_parts(shapes, dtype):
+    parameters = values(shapes)
+    return {"weights": parameters * dtype.itemsize, "gradients": parameters * dtype.itemsize,
+            "optimizer state": adamw_bytes_per_tensor(shapes, dtype)}
+
+
+def training_bytes_per_parameter(shapes, dtype):
+    per_parameter = {"weights": 1, "gradients": 1, "optimizer state": 2}  # in values of the dtype
+    answer = {part: k * values(shapes) * dtype.itemsize for part, k in per_parameter.items()}
+    answer["optimizer state"] += 4 * len(shapes)  # the step counters
+    answer["total"] = sum(answer.values())  # an extra key is allowed
+    return answer
+
+
+@pytest.mark.parametrize("answer", [training_bytes_by_parts, training_bytes_per_parameter])
+def test_4_2_accepts_the_three_parts(answer):
+    llama = l4.llama_shapes(**l4.LLAMA_2_7B)
+    float32_total = 16 * values(llama) + 4 * len(llama)
+    assert_verdict(l4.check_training_memory.verdict(answer), CORRECT, f"{float32_total / GiB:.1f} GiB",
+                   f"{values(llama):,} parameters")
+
+
+def measured_like_the_check(shapes, dtype):
+    """A learner who measures instead of predicting: real tensors, a real backward and AdamW step."""
+    if values(shapes) > 10**9:
+        assert torch.zeros(1).device.type == "meta", "a 7B model's tensors would take tens of GB here"
+    parameters = [torch.zeros(shape, dtype=dtype, requires_grad=True) for shape in shapes]
+    sum(p.sum() for p in parameters).backward()
+    optimizer = torch.optim.AdamW(parameters, lr=1e-3)
+    optimizer.step()
+
+    def weigh(tensors):
+        return sum(t.numel() * t.element_size() for t in tensors)
+    return {"weights": weigh(parameters), "gradients": weigh(p.grad for p in parameters),
+            "optimizer state": weigh(v for s in optimizer.state.values() for v in s.values())}
+
+
+def test_4_2_a_learner_who_measures_the_7b_model_gets_meta_tensors_not_tens_of_gb():
+    assert_verdict(l4.check_training_memory.verdict(measured_like_the_check), CORRECT)
+
+
+def test_4_4_a_learner_who_measures_the_7b_model_gets_meta_tensors_not_tens_of_gb():
+    def adafactor_checking_its_device(shapes, momentum):
+        if sum(math.prod(s) for s in shapes) > 10**9:
+            assert torch.zeros(1).device.type == "meta", "a 7B model's tensors would take tens of GB here"
+        return adafactor_like_the_solution(shapes, momentum)
+
+    def adamw8bit_checking_its_device(shapes):
+        if sum(math.prod(s) for s in shapes) > 10**9:
+            assert torch.zeros(1).device.type == "meta", "a 7B model's tensors would take tens of GB here"
+        return adamw8bit_like_the_solution(shapes)
+
+    assert_verdict(l4.check_adafactor_and_8bit_state.verdict(adafactor_checking_its_device,
+                                                              adamw8bit_checking_its_device), CORRECT)
+
+
+def float32_gradients(shapes, dtype):  # "mixed precision keeps float32 gradients": not with a bf16 model
+    return {**training_bytes_by_parts(shapes, dtype), "gradients": 4 * values(shapes)}
+
+
+def float32_weights(shapes, dtype):
+    return {**training_bytes_by_parts(shapes, dtype), "weights": 4 * values(shapes)}
+
+
+def no_gradients(shapes, dtype):
+    return {**training_bytes_by_parts(shapes, dtype), "gradients": 0}
+
+
+def lessons_8_bytes_of_state(shapes, dtype):
+    return {**training_bytes_by_parts(shapes, dtype), "optimizer state": 8 * values(shapes)}
+
+
+@pytest.mark.parametrize("answer, cause", [
+    (float32_gradients, "a gradient has its parameter's dtype"),
+    (float32_weights, "a weight takes its dtype's bytes"),
+    (no_gradients, "the gradients are there too"),
+    (lessons_8_bytes_of_state, "which holds for float32 only"),
+    (lambda shapes, dtype: 16 * values(shapes), "a dict with the keys"),
+])
+def test_4_2_near_misses_are_not_quite_and_name_the_cause(answer, cause):
+    assert_verdict(l4.check_training_memory.verdict(answer), WRONG, cause)
+
+
+# --- 4.3: find the bug in an AdamW step -----------------------------------------------------------
+
+def colleague_step(param, grad, state, lr, betas, eps, weight_decay):  # as the practice notebook gives it
     beta1, beta2 = betas
+    if not state:
+        state.update(step=0, exp_avg=torch.zeros_like(param), exp_avg_sq=torch.zeros_like(param))
+    state["step"] += 1
+    grad = grad.add(param, alpha=weight_decay)  # weight decay
+    state["exp_avg"].lerp_(grad, 1 - beta1)
+    state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    bias_correction1 = 1 - beta1 ** state["step"]
+    bias_correction2 = 1 - beta2 ** state["step"]
+    denominator = state["exp_avg_sq"].sqrt() / math.sqrt(bias_correction2) + eps
+    param.addcdiv_(state["exp_avg"], denominator, value=-lr / bias_correction1)
+
+
+def decay_then_colleague_without_decay(param, grad, state, lr, betas, eps, weight_decay):
     param.mul_(1 - lr * weight_decay)
-    exp_avg.lerp_(grad, 1 - beta1)
+    colleague_step(param, grad, state, lr, betas, eps, weight_decay=0.0)
+
+
+def lessons_form(param, grad, state, lr, betas, eps, weight_decay):  # mul_/add_, corrected EMAs, an int step
+    beta1, beta2 = betas
+    state.setdefault("step", 0)
+    exp_avg = state.setdefault("exp_avg", torch.zeros_like(param))
+    exp_avg_sq = state.setdefault("exp_avg_sq", torch.zeros_like(param))
+    state["step"] += 1
+    param.mul_(1 - lr * weight_decay)
+    exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
     exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-    step_size = lr / (1 - beta1**step)
-    denominator = (exp_avg_sq.sqrt() / math.sqrt(1 - beta2**step)).add_(eps)
-    param.addcdiv_(exp_avg, denominator, value=-step_size)
+    corrected_avg = exp_avg / (1 - beta1 ** state["step"])
+    corrected_avg_sq = exp_avg_sq / (1 - beta2 ** state["step"])
+    param.sub_(lr * corrected_avg / (corrected_avg_sq.sqrt() + eps))
 
 
-@pytest.mark.parametrize("step_fn", [l4.variant_step(), adamw_step_torch_style])
-def test_4_2_accepts_adamw_written_two_ways(step_fn):
-    assert_verdict(l4.check_adamw_step.verdict(step_fn), CORRECT, "match torch.optim.AdamW")
+def new_tensors_in_the_dict(param, grad, state, lr, betas, eps, weight_decay):  # not in place, but stored
+    beta1, beta2 = betas
+    step = state.get("step", torch.tensor(0.0)) + 1
+    exp_avg = state.get("exp_avg", torch.zeros_like(param)) * beta1 + (1 - beta1) * grad
+    exp_avg_sq = state.get("exp_avg_sq", torch.zeros_like(param)) * beta2 + (1 - beta2) * grad**2
+    state.update(step=step, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq)
+    update = (exp_avg / (1 - beta1**step)) / ((exp_avg_sq / (1 - beta2**step)).sqrt() + eps)
+    param.copy_(param * (1 - lr * weight_decay) - lr * update)
 
 
-def rebinds_exp_avg(param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_decay):
-    exp_avg = betas[0] * exp_avg + (1 - betas[0]) * grad  # a new tensor: the caller's exp_avg stays 0
+@pytest.mark.parametrize("answer", [decay_then_colleague_without_decay, lessons_form, new_tensors_in_the_dict])
+def test_4_3_accepts_fixes_written_three_ways(answer):
+    assert_verdict(l4.check_fixed_step.verdict(answer), CORRECT, "match torch.optim.AdamW's")
 
 
-@pytest.mark.parametrize("mistake, fragment", [
-    ("no_bias_correction", "bias correction"), ("coupled_decay", "L2 penalty"),
-    ("no_decay", "weight decay is missing"), ("eps_inside", "belongs outside"),
+def decoupled_without_lr(param, grad, state, lr, betas, eps, weight_decay):
+    param.mul_(1 - weight_decay)
+    colleague_step(param, grad, state, lr, betas, eps, weight_decay=0.0)
+
+
+def decoupled_and_coupled(param, grad, state, lr, betas, eps, weight_decay):
+    param.mul_(1 - lr * weight_decay)
+    colleague_step(param, grad, state, lr, betas, eps, weight_decay)
+
+
+def decay_after_the_update(param, grad, state, lr, betas, eps, weight_decay):
+    colleague_step(param, grad, state, lr, betas, eps, weight_decay=0.0)
+    param.mul_(1 - lr * weight_decay)
+
+
+def decay_deleted(param, grad, state, lr, betas, eps, weight_decay):
+    colleague_step(param, grad, state, lr, betas, eps, weight_decay=0.0)
+
+
+def rebinds_a_local_name(param, grad, state, lr, betas, eps, weight_decay):
+    beta1, beta2 = betas
+    if not state:
+        state.update(step=0, exp_avg=torch.zeros_like(param), exp_avg_sq=torch.zeros_like(param))
+    state["step"] += 1
+    param.mul_(1 - lr * weight_decay)
+    exp_avg = beta1 * state["exp_avg"] + (1 - beta1) * grad  # a new tensor: state["exp_avg"] stays 0
+    state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    denominator = state["exp_avg_sq"].sqrt() / math.sqrt(1 - beta2 ** state["step"]) + eps
+    param.addcdiv_(exp_avg, denominator, value=-lr / (1 - beta1 ** state["step"]))
+
+
+@pytest.mark.parametrize("answer, cause", [
+    (colleague_step, "Adam's L2 penalty"),
+    (decoupled_and_coupled, "decay twice"),
+    (decay_deleted, "there is no weight decay now"),
+    (decoupled_without_lr, "scaled by the learning rate"),
+    (decay_after_the_update, "before the update"),
+    (rebinds_a_local_name, "exp_avg is still all zeros"),
 ])
-def test_4_2_names_the_typical_mistakes(mistake, fragment):
-    assert_verdict(l4.check_adamw_step.verdict(l4.variant_step(**{mistake: True})), WRONG, fragment)
+def test_4_3_near_misses_are_not_quite_and_name_the_cause(answer, cause):
+    assert_verdict(l4.check_fixed_step.verdict(answer), WRONG, cause)
 
 
-def test_4_2_catches_rebinding_instead_of_updating_in_place():
-    assert_verdict(l4.check_adamw_step.verdict(rebinds_exp_avg), WRONG, "in place")
+def test_4_3_a_step_that_keeps_no_state_is_told_so():
+    def stateless(param, grad, state, lr, betas, eps, weight_decay):
+        param.mul_(1 - lr * weight_decay)
+
+    assert_verdict(l4.check_fixed_step.verdict(stateless), WRONG, "`state` has no exp_avg, exp_avg_sq, step")
 
 
-def weigh_with_loops(optimizer):
+# --- 4.4: Adafactor's and 8-bit AdamW's state -----------------------------------------------------
+
+def adafactor_like_the_solution(shapes, momentum):
     total = 0
-    for state in optimizer.state.values():
-        for value in state.values():
-            if torch.is_tensor(value):
-                total += value.nbytes
+    for shape in shapes:
+        second_moment = sum(shape) if len(shape) == 2 else math.prod(shape)
+        total += 4 * (second_moment + (math.prod(shape) if momentum else 0)) + 4
     return total
 
 
-@pytest.mark.parametrize("size_fn", [
-    weigh_with_loops,
-    lambda o: sum(v.numel() * v.element_size() for s in o.state.values() for v in s.values() if isinstance(v, torch.Tensor)),
+def adafactor_by_entry(shapes, momentum=False):
+    entries = {"exp_avg_sq_row": 0, "exp_avg_sq_col": 0, "exp_avg_sq": 0, "exp_avg": 0, "RMS": 0}
+    for shape in shapes:
+        if len(shape) == 2:
+            rows, columns = shape
+            entries["exp_avg_sq_row"] += 4 * rows
+            entries["exp_avg_sq_col"] += 4 * columns
+        else:
+            entries["exp_avg_sq"] += 4 * math.prod(shape)
+        entries["exp_avg"] += 4 * math.prod(shape) if momentum else 0
+        entries["RMS"] += 4
+    return sum(entries.values())
+
+
+def adamw8bit_like_the_solution(shapes):
+    total, any_8bit = 0, False
+    for shape in shapes:
+        n = math.prod(shape)
+        if n < 4096:
+            total += 8 * n
+        else:
+            total += 2 * n + 8 * math.ceil(n / 256)
+            any_8bit = True
+    return total + (2048 if any_8bit else 0)
+
+
+def adamw8bit_with_integer_division(shapes):
+    big = [math.prod(s) for s in shapes if math.prod(s) >= 4096]
+    small = [math.prod(s) for s in shapes if math.prod(s) < 4096]
+    scales = 2 * 4 * sum(-(-n // 256) for n in big)  # ceiling division
+    return 2 * sum(big) + scales + 2 * 4 * sum(small) + (2 * 256 * 4 if big else 0)
+
+
+@pytest.mark.parametrize("adafactor, adamw8bit", [
+    (adafactor_like_the_solution, adamw8bit_like_the_solution),
+    (adafactor_by_entry, adamw8bit_with_integer_division),
 ])
-def test_4_3_accepts_state_weighers(size_fn):
-    assert_verdict(l4.check_optimizer_state_size.verdict(size_fn), CORRECT, "Adafactor")
+def test_4_4_accepts_exact_predictions(adafactor, adamw8bit):
+    assert_verdict(l4.check_adafactor_and_8bit_state.verdict(adafactor, adamw8bit), CORRECT,
+                   "8-bit AdamW", "bytes per parameter")
 
 
-@pytest.mark.parametrize("size_fn, fragment", [
-    (lambda o: sum(v.numel() for s in o.state.values() for v in s.values() if torch.is_tensor(v)), "number of elements"),
-    (lambda o: sum(v.numel() * v.element_size() for s in o.state.values() for v in s.values()), "not tensors"),
-    (lambda o: sum(v.numel() * 4 for s in o.state.values() for v in s.values() if torch.is_tensor(v)), "element_size()"),
-    (lambda o: sum(p.numel() * p.element_size() for g in o.param_groups for p in g["params"]), "parameters themselves"),
-    (lambda o: sum(v.numel() for s in o.state.values() for v in s), "state.values()"),
+def adafactor_variant(rms=4, step=0, factored=True, momentum_bytes=4, momentum_factored=False):
+    def predict(shapes, momentum):
+        total = 0
+        for shape in shapes:
+            matrix = len(shape) == 2
+            second = sum(shape) if matrix and factored else math.prod(shape)
+            first = sum(shape) if matrix and momentum_factored else math.prod(shape)
+            total += 4 * second + rms + step + (momentum_bytes * first if momentum else 0)
+        return total
+    return predict
+
+
+@pytest.mark.parametrize("adafactor, cause", [
+    (adafactor_variant(rms=0), "RMS"),
+    (adafactor_variant(step=4), "`step` is a Python int in Adafactor's state"),
+    (adafactor_variant(factored=False), "keeps its second moment factored"),
+    (adafactor_variant(momentum_bytes=0), "with momentum (beta1 set)"),
+    (adafactor_variant(momentum_factored=True), "is not factored"),
+    (lambda shapes, momentum: adafactor_like_the_solution(shapes, True), "without momentum"),
+    (lambda shapes, momentum: sum(4 * (sum(s) if len(s) == 2 else math.prod(s) + 1) + 4 for s in shapes)
+     + (4 * values(shapes) if momentum else 0), "a vector's second moment is not factored"),
 ])
-def test_4_3_rejects_typical_weighers(size_fn, fragment):
-    assert_verdict(l4.check_optimizer_state_size.verdict(size_fn), WRONG, fragment)
+def test_4_4_adafactor_near_misses_are_not_quite_and_name_the_cause(adafactor, cause):
+    verdict = l4.check_adafactor_and_8bit_state.verdict(adafactor, adamw8bit_like_the_solution)
+    assert_verdict(verdict, WRONG, "adafactor_state_bytes gave", cause)
 
 
-def parameters_by_parts(config):
-    return sum(part(config) for part in l4.DISTILBERT_PARTS.values())
+def adamw8bit_variant(threshold=4096, block=256, round_up=True, scales=2, tables="once"):
+    def predict(shapes):
+        total, eight_bit = 0, 0
+        for shape in shapes:
+            n = math.prod(shape)
+            if n < threshold:
+                total += 8 * n
+            else:
+                eight_bit += 1
+                blocks = math.ceil(n / block) if round_up else n // block
+                total += 2 * n + scales * 4 * blocks
+        table_count = {"once": 1 if eight_bit else 0, "per tensor": eight_bit, "none": 0, "always": 1}[tables]
+        return total + 2048 * table_count
+    return predict
 
 
-def parameters_spelled_out(config):
-    d, h, layers = config.dim, config.hidden_dim, config.n_layers
-    per_layer = 4 * (d * d + d) + (d * h + h) + (h * d + d) + 4 * d
-    return (config.vocab_size + config.max_position_embeddings) * d + 2 * d + layers * per_layer + \
-        d * d + d + d * config.num_labels + config.num_labels
-
-
-@pytest.mark.parametrize("count_fn", [parameters_by_parts, parameters_spelled_out])
-def test_4_4_accepts_formulas_that_match_the_built_models(count_fn):
-    verdict = l4.check_parameters_from_config.verdict(count_fn)
-    assert_verdict(verdict, CORRECT, "65,783,042", "501.9 MiB")
-
-
-@pytest.mark.parametrize("count_fn, fragment", [
-    (lambda c: parameters_by_parts(c) - c.max_position_embeddings * c.dim, "position embeddings: missing"),
-    (lambda c: parameters_by_parts(c) - c.dim * c.dim - c.dim, "pre_classifier: missing"),
-    (lambda c: parameters_by_parts(c) - c.n_layers * 4 * c.dim, "attention biases: missing"),
-    (lambda c: parameters_by_parts(c) - l4.DISTILBERT_PARTS["the classifier"](c), "classifier: missing"),
-    (lambda c: c.intermediate_size * c.n_layers, "names its sizes"),  # BERT's name, not DistilBERT's
+@pytest.mark.parametrize("adamw8bit, cause", [
+    (adamw8bit_variant(tables="none"), "two lookup tables"),
+    (adamw8bit_variant(tables="per tensor"), "count them once"),
+    (adamw8bit_variant(tables="always"), "exist only when some tensor has 8-bit states"),
+    (adamw8bit_variant(round_up=False), "round the number of blocks up"),
+    (adamw8bit_variant(block=2048), "blocks of 256 values"),
+    (adamw8bit_variant(threshold=4097), "exactly 4,096 values already gets 8-bit states"),
+    (adamw8bit_variant(threshold=0), "keep two float32 states"),
+    (adamw8bit_variant(scales=0), "a float32 scale in each state"),
+    (adamw8bit_variant(scales=1), "each state has its own scales"),
 ])
-def test_4_4_rejects_typical_formulas(count_fn, fragment):
-    assert_verdict(l4.check_parameters_from_config.verdict(count_fn), WRONG, fragment)
+def test_4_4_8bit_near_misses_are_not_quite_and_name_the_cause(adamw8bit, cause):
+    verdict = l4.check_adafactor_and_8bit_state.verdict(adafactor_like_the_solution, adamw8bit)
+    assert_verdict(verdict, WRONG, "adamw8bit_state_bytes gave", cause)
 
 
-def test_4_4_hard_coded_two_labels_fails_on_the_three_label_configuration():
-    def two_labels_always(config):
-        return parameters_by_parts(config) - config.dim * config.num_labels - config.num_labels + config.dim * 2 + 2
+def test_4_4_not_done_until_both_functions_are_written():
+    def unfinished(shapes):
+        return ...
 
-    assert_verdict(l4.check_parameters_from_config.verdict(two_labels_always), WRONG, "3 labels")
+    verdict = l4.check_adafactor_and_8bit_state.verdict(adafactor_like_the_solution, unfinished)
+    assert_verdict(verdict, NOT_DONE, "adamw8bit_state_bytes")
 
 
-def test_a_check_that_builds_or_trains_leaves_the_learners_random_numbers_alone():
-    check = lambda: l4.check_optimizer_state_size.verdict(weigh_with_loops)  # "4.3 (builds a model, steps optimizers)"
+def test_4_4_without_bitsandbytes_the_8bit_function_is_said_to_be_unchecked(monkeypatch):
+    def no_bitsandbytes():
+        raise ModuleNotFoundError("No module named 'bitsandbytes'")
+
+    monkeypatch.setattr(l4, "make_adamw8bit", no_bitsandbytes)
+    verdict = l4.check_adafactor_and_8bit_state.verdict(adafactor_like_the_solution, lambda shapes: 0)
+    assert_verdict(verdict, CORRECT, "adamw8bit_state_bytes was not checked", "make lab")
+
+
+# --- every check ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("check", [
+    lambda: l4.check_optimizer_state_size.verdict(adamw_bytes_per_tensor),  # steps AdamW on built parameters
+    lambda: l4.check_training_memory.verdict(training_bytes_by_parts),  # backward passes, on the meta device too
+    lambda: l4.check_fixed_step.verdict(lessons_form),  # draws parameters and gradients
+    lambda: l4.check_adafactor_and_8bit_state.verdict(adafactor_by_entry, adamw8bit_like_the_solution),
+])
+def test_a_check_that_builds_or_trains_leaves_the_learners_random_numbers_alone(check):
     assert draws_after_seeding(check) == draws_after_seeding()

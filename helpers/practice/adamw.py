@@ -1,242 +1,545 @@
-"""Checks for notebooks/practice/04_adamw_practice.ipynb (lesson 04)."""
-import copy
+"""Checks for notebooks/practice/04_adamw_practice.ipynb (lesson 04).
+
+Every check measures the real thing: torch.optim.AdamW, transformers' Adafactor and bitsandbytes'
+AdamW8bit each take a step on parameters of the given shapes, and their state is weighed as the
+lesson weighs it (``helpers.optimizer_state.optimizer_state_size``). Bytes follow from shapes and
+dtypes alone, so the checks run on the CPU (or, for a 7B model, on the meta device: shapes and
+dtypes, no memory) and compare a prediction with the measurement exactly, on any machine.
+
+A wrong answer is compared with typical mistakes, each written as a function of the shapes; the
+first mistake that reproduces every answer names the cause in the hint.
+"""
+import contextlib
+import functools
+import logging
+import math
 
 import torch
 
-from helpers import optimizer_state  # a module, not its function: exercise 4.3's answer is also optimizer_state_size
-from helpers.practice.verdicts import Wrong, call_learner, checker, require_callable, require_done, whole_number
-from helpers.units import MiB
+from helpers import optimizer_state  # a module: the tests replace its function to break a check on purpose
+from helpers.practice.verdicts import Wrong, call_learner, checker, require_callable, whole_number
+from helpers.units import GiB, MiB
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what 4.1 and 4.2 try
 
 
-def measured_adamw_state_bytes(model):
-    """Bytes of every tensor in AdamW's state after one step on a copy of ``model``."""
-    model = copy.deepcopy(model)
-    for p in model.parameters():
-        p.grad = torch.zeros_like(p)  # the state's size does not depend on the gradient's values
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+def numel(shape):
+    return math.prod(shape)  # 1 for a 0-dimensional shape ()
+
+
+def dtype_name(dtype):
+    return str(dtype).removeprefix("torch.")
+
+
+def one_step(make_optimizer, shapes, dtype=torch.float32, device="cpu"):
+    """(parameters, optimizer) after one step of ``make_optimizer(parameters)`` on parameters of these shapes.
+
+    The gradients come from a real backward pass, so they have the dtype autograd gives them. The values
+    do not matter: an optimizer's state has the same tensors, shapes and dtypes whatever they are.
+    """
+    parameters = [torch.nn.Parameter(torch.zeros(shape, dtype=dtype, device=device)) for shape in shapes]
+    sum((p * 1e-3).sum() for p in parameters).backward()  # every gradient 1e-3
+    optimizer = make_optimizer(parameters)
     optimizer.step()
-    _, state_bytes = optimizer_state.optimizer_state_size(optimizer)
-    return state_bytes
+    return parameters, optimizer
+
+
+def state_entries(optimizer):
+    """{'entry (dtype)': bytes} over every parameter's state: what a generic hint shows. Shared memory counted once."""
+    entries, seen = {}, set()
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if torch.is_tensor(value) and optimizer_state.memory_key(value) not in seen:
+                seen.add(optimizer_state.memory_key(value))
+                name = f"{key} ({dtype_name(value.dtype)})"
+                entries[name] = entries.get(name, 0) + value.untyped_storage().nbytes()
+    return entries
+
+
+def entries_text(entries):
+    return ", ".join(f"{name} {n:,}" for name, n in entries.items())
+
+
+def judge_predictions(cases, answers, mistakes, name):
+    """Raise Wrong, naming the cause, unless every answer equals its case's measured bytes.
+
+    ``cases``: dicts with the case's ``args`` (passed to the learner's function), ``label``, ``measured``
+    bytes and ``entries``. ``mistakes``: (function of the same args, hint) pairs, tried in order; the
+    first that reproduces every answer names the cause.
+    """
+    wrong = [(case, answer) for case, answer in zip(cases, answers) if answer != case["measured"]]
+    if not wrong:
+        return
+    case, answer = wrong[0]
+    said = f"on {case['label']}, {name} gave {answer:,} bytes; measured: {case['measured']:,}"
+    for mistake, hint in mistakes:
+        if all(mistake(*c["args"]) == a for c, a in zip(cases, answers)):
+            raise Wrong(f"{said}. Hint: {hint}")
+    raise Wrong(f"{said}: {entries_text(case['entries'])}. Hint: find the rule behind those entries, "
+                "then check it on this case.")
+
+
+def fresh(args):
+    """The arguments with a copy of the shapes list: what a learner's function does to it stays there."""
+    shapes, *rest = args
+    return (list(shapes), *rest)
+
+
+def learner_bytes(function, args, name, large=False):
+    """The learner's prediction for one case, as a whole number of bytes.
+
+    ``large``: the shapes are a 7B model's. A learner who measures instead of predicting would then
+    allocate tens of GB; on the meta device, tensors made inside their function take no memory.
+    """
+    with torch.device("meta") if large else contextlib.nullcontext():
+        answer = call_learner(function, *fresh(args), name=name)
+    return whole_number(answer, f"{name}'s answer")
+
+
+# --- 4.1: AdamW's state, to the byte -------------------------------------------------------------
+
+def adamw(parameters):
+    return torch.optim.AdamW(parameters, lr=1e-3)
+
+
+ADAMW_CASES = [  # (label, shapes): one list of each kind a learner might get wrong
+    ("an attention projection and its bias", [(768, 768), (768,)]),
+    ("a 3-dimensional and a 0-dimensional tensor", [(4, 6, 8), (), (5,)]),
+    ("one matrix", [(300, 64)]),
+]
+
+
+def measured_adamw_cases():
+    """One case per shape list and dtype: AdamW after one step, weighed by the lesson's optimizer_state_size."""
+    cases = []
+    for label, shapes in ADAMW_CASES:
+        for dtype in DTYPES:
+            _, optimizer = one_step(adamw, shapes, dtype)
+            cases.append({"args": (shapes, dtype), "measured": optimizer_state.optimizer_state_size(optimizer)[1],
+                          "entries": state_entries(optimizer),
+                          "label": f"{label} {shapes} in {dtype_name(dtype)}"})
+    return cases
+
+
+def values(shapes):
+    return sum(numel(shape) for shape in shapes)
+
+
+STEP_BYTES = 4  # torch/optim/adam.py, _init_group: `step` is a 0-dimensional float32 tensor
+ADAMW_MISTAKES = [
+    (lambda shapes, dtype: 2 * values(shapes) * dtype.itemsize,
+     "the two EMAs are right, but AdamW also keeps a `step` counter for every parameter tensor: a "
+     "0-dimensional float32 tensor, 4 bytes per tensor."),
+    (lambda shapes, dtype: 8 * values(shapes) + STEP_BYTES * len(shapes),
+     "that is right for float32 only. AdamW creates both EMAs with torch.zeros_like(param): they take the "
+     "parameter's dtype, 2 bytes per value in bfloat16 or float16 (use dtype.itemsize)."),
+    (lambda shapes, dtype: 8 * values(shapes),
+     "that is the lesson's 8 bytes per parameter, which holds for float32 only and leaves out the step "
+     "counters. Both EMAs take the parameter's dtype (torch.zeros_like(param)), and every parameter tensor "
+     "also has a `step` counter, a 0-dimensional float32 tensor of 4 bytes."),
+    (lambda shapes, dtype: (2 * values(shapes) + len(shapes)) * dtype.itemsize,
+     "the EMAs are right, the step counters are not: `step` is float32 (4 bytes) whatever the "
+     "parameter's dtype."),
+    (lambda shapes, dtype: 2 * values(shapes) * dtype.itemsize + STEP_BYTES * values(shapes),
+     "there is one `step` counter per parameter tensor, not one per value."),
+    (lambda shapes, dtype: 2 * values(shapes) * dtype.itemsize + STEP_BYTES,
+     "there is one `step` counter per parameter tensor, not one for the whole optimizer."),
+    (lambda shapes, dtype: values(shapes) * dtype.itemsize + STEP_BYTES * len(shapes),
+     "that is one EMA; AdamW keeps two for every value: exp_avg and exp_avg_sq."),
+    (lambda shapes, dtype: 4 * values(shapes) * dtype.itemsize + STEP_BYTES * len(shapes),
+     "that counts the weights and the gradients too; the optimizer's state is exp_avg, exp_avg_sq and step."),
+    (lambda shapes, dtype: sum(2 * sum(shape) * dtype.itemsize + STEP_BYTES for shape in shapes),
+     "a tensor holds the product of its dimensions, math.prod(shape) values, not their sum."),
+    (lambda shapes, dtype: 16 * values(shapes),
+     "that is weights + gradients + state in float32; the question asks for the optimizer's state only, "
+     "in the parameters' dtype."),
+]
 
 
 @checker("4.1")
-def check_adamw_estimate(model, adamw_estimate_bytes):
-    """``adamw_estimate_bytes``: your estimate of AdamW's state for ``model``, in bytes."""
-    require_done(adamw_estimate_bytes, "adamw_estimate_bytes", "your estimate in bytes (a formula is fine)")
-    if not isinstance(model, torch.nn.Module):
-        raise Wrong(f"model should be the tiny DistilBERT (model = build_model(\"tiny\")), but it is a "
-                    f"{type(model).__name__}. Hint: run the exercise's first cell again.")
-    if isinstance(adamw_estimate_bytes, bool) or not isinstance(adamw_estimate_bytes, (int, float)):
-        raise Wrong(f"adamw_estimate_bytes should be a number of bytes, but it is {adamw_estimate_bytes!r}.")
-    n_parameters = sum(p.numel() for p in model.parameters())
-    measured = measured_adamw_state_bytes(model)
-    ratio = adamw_estimate_bytes / measured
-    if abs(ratio - 1) <= 0.01:
-        return (f"estimate {adamw_estimate_bytes / MiB:.3f} MiB, measured {measured / MiB:.3f} MiB after one "
-                f"AdamW step, ratio {ratio:.4f}. The small difference is the step counters: one 4-byte tensor "
-                "per parameter tensor.")
-    per_parameter = adamw_estimate_bytes / n_parameters
-    if adamw_estimate_bytes < 0.01 * measured:
-        raise Wrong(f"your estimate is {adamw_estimate_bytes:,.1f}, far below the {measured:,} bytes measured. "
-                    "Hint: is it in MiB or in elements? Give bytes: parameters x bytes of state per parameter.")
-    hints = {1: "that is one byte per parameter: each EMA value is a float32, 4 bytes.",
-             2: "that counts two states per parameter but not their size: each is a float32, 4 bytes.",
-             4: "that is one state per parameter; AdamW keeps two EMAs for every parameter.",
-             12: "that adds the gradient (4 bytes); the gradient exists with any optimizer, it is not AdamW's state.",
-             16: "that is weights + gradients + state; the question asks for the optimizer's state only."}
-    hint = hints.get(round(per_parameter), "count the states AdamW keeps for each parameter, and their bytes.")
-    raise Wrong(f"your estimate is {per_parameter:.2f} bytes per parameter; measured: {measured / n_parameters:.2f}. "
-                f"Hint: {hint}")
+def check_optimizer_state_size(adamw_state_bytes):
+    """``adamw_state_bytes(shapes, dtype)``: the bytes of torch.optim.AdamW's state after its first step."""
+    require_callable(adamw_state_bytes, "adamw_state_bytes")
+    cases = measured_adamw_cases()
+    answers = [learner_bytes(adamw_state_bytes, case["args"], "adamw_state_bytes") for case in cases]
+    judge_predictions(cases, answers, ADAMW_MISTAKES, "adamw_state_bytes")
+    shown = {dtype_name(case["args"][1]): case["measured"] for case in cases[:len(DTYPES)]}
+    return (f"your predictions match the measured state in all {len(cases)} cases. For "
+            f"{ADAMW_CASES[0][0]}: " + ", ".join(f"{n:,} bytes in {d}" for d, n in shown.items())
+            + ": two EMAs in the parameters' dtype, and a 4-byte `step` per tensor.")
 
 
-def reference_adamw_run(learner_step=None, steps=10, **hyper):
-    """(parameter, exp_avg, exp_avg_sq) after ``steps`` steps of torch.optim.AdamW, or of ``learner_step``.
+# --- 4.2: a 7B model's training memory -----------------------------------------------------------
 
-    Both run from the same parameter on the same random gradients, drawn from their own generator.
+LLAMA_2_7B = {"vocab_size": 32_000, "hidden_size": 4_096, "intermediate_size": 11_008,
+              "num_hidden_layers": 32}  # Llama-2-7B's sizes (its config.json on the Hugging Face Hub)
+
+
+def llama_shapes(vocab_size, hidden_size, intermediate_size, num_hidden_layers):
+    """Parameter shapes of transformers' LlamaForCausalLM (no biases, embeddings not tied), in order.
+
+    Per layer: q, k, v and o projections (hidden x hidden), the gated feed-forward (gate and up:
+    intermediate x hidden, down: hidden x intermediate) and two RMSNorm weights; then the final norm and
+    the output layer. tests/test_practice_04.py compares them with the model built on the meta device.
     """
-    generator = torch.Generator().manual_seed(0)
-    param = torch.randn(6, 4, generator=generator)
-    grads = [torch.randn(6, 4, generator=generator) for _ in range(steps)]
-    if learner_step is None:
-        reference = torch.nn.Parameter(param.clone())
-        optimizer = torch.optim.AdamW([reference], **hyper)
-        for grad in grads:
-            reference.grad = grad.clone()
-            optimizer.step()
-        state = optimizer.state[reference]
-        return reference.detach(), state["exp_avg"], state["exp_avg_sq"]
-    exp_avg, exp_avg_sq = torch.zeros_like(param), torch.zeros_like(param)
-    for step, grad in enumerate(grads, start=1):
-        learner_step(param, grad.clone(), exp_avg, exp_avg_sq, step, **hyper)
-    return param, exp_avg, exp_avg_sq
+    h, i = hidden_size, intermediate_size
+    layer = [(h, h)] * 4 + [(i, h), (i, h), (h, i)] + [(h,), (h,)]
+    return [(vocab_size, h), *layer * num_hidden_layers, (h,), (vocab_size, h)]
 
 
-def variant_step(no_bias_correction=False, coupled_decay=False, no_decay=False, eps_inside=False):
-    """AdamW with one typical mistake, to name the mistake a learner made."""
-    def step_fn(param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_decay):
-        beta1, beta2 = betas
-        if coupled_decay:
-            grad = grad + weight_decay * param  # Adam's L2 penalty, not AdamW's decoupled decay
-        elif not no_decay:
-            param.mul_(1 - lr * weight_decay)
-        exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
-        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        c1, c2 = (1.0, 1.0) if no_bias_correction else (1 - beta1**step, 1 - beta2**step)
-        denominator = (exp_avg_sq / c2 + eps).sqrt() if eps_inside else (exp_avg_sq / c2).sqrt() + eps
-        param.addcdiv_(exp_avg, denominator, value=-lr / c1)
-    return step_fn
+PARTS = ("weights", "gradients", "optimizer state")
 
 
-MISTAKES = {
-    "no_bias_correction": "The EMAs are right, but the bias correction is missing: both EMAs start at 0, so divide exp_avg by "
-                          "1 - beta1**step and exp_avg_sq by 1 - beta2**step before using them.",
-    "coupled_decay": "You added weight_decay x param to the gradient: that is Adam's L2 penalty. AdamW decouples "
-                     "it: shrink the parameter itself, param *= 1 - lr x weight_decay, and leave the gradient alone.",
-    "no_decay": "The EMAs are right, but the weight decay is missing: AdamW shrinks the parameter, param *= 1 - lr x weight_decay.",
-    "eps_inside": "The EMAs are right, but eps is inside the square root; it belongs outside: sqrt(exp_avg_sq / correction2) + eps.",
+def measured_training_bytes(shapes, dtype, device):
+    """{part: bytes} of a real backward pass and AdamW step: weights, their gradients and AdamW's state.
+
+    On the meta device tensors have shapes and dtypes but no memory, so bytes are numel x element_size
+    (AdamW's state tensors share no memory; its `step` counters stay on the CPU).
+    """
+    parameters, optimizer = one_step(adamw, shapes, dtype, device)
+    weigh = lambda tensors: sum(t.numel() * t.element_size() for t in tensors)
+    return {"weights": weigh(parameters), "gradients": weigh(p.grad for p in parameters),
+            "optimizer state": weigh(v for s in optimizer.state.values() for v in s.values())}
+
+
+TRAINING_CASES = [  # (label, shapes, device, dtypes): float16 has bfloat16's bytes, so the 7B skips it
+    ("an attention projection and its bias", ADAMW_CASES[0][1], "cpu", DTYPES),
+    ("Llama-2-7B (on the meta device)", llama_shapes(**LLAMA_2_7B), "meta", DTYPES[:2]),
+]
+
+
+@functools.cache  # the same on every call (the 7B's backward and step take a second): measured once
+def measured_training_cases():
+    return tuple({"args": (shapes, dtype), "measured": measured_training_bytes(shapes, dtype, device),
+                  "label": f"{label} in {dtype_name(dtype)}", "7B": device == "meta"}
+                 for label, shapes, device, dtypes in TRAINING_CASES for dtype in dtypes)
+
+
+PART_MISTAKES = {
+    "weights": [(lambda shapes, dtype: 4 * values(shapes),
+                 "a weight takes its dtype's bytes: 4 in float32, 2 in bfloat16 or float16 (dtype.itemsize).")],
+    "gradients": [(lambda shapes, dtype: 4 * values(shapes),
+                   "a gradient has its parameter's dtype (backward writes p.grad in p's dtype): 2 bytes per "
+                   "value for a bfloat16 or float16 model, not 4."),
+                  (lambda shapes, dtype: 0,
+                   "the gradients are there too: backward fills p.grad for every parameter, and they stay "
+                   "until the optimizer has used them.")],
+    "optimizer state": ADAMW_MISTAKES,
 }
-HYPER = dict(lr=0.05, betas=(0.9, 0.99), eps=1e-3, weight_decay=0.1)  # large enough to tell mistakes apart
 
 
 @checker("4.2")
-def check_adamw_step(adamw_step):
-    """``adamw_step(param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_decay)``, in place."""
-    require_callable(adamw_step, "adamw_step")
-    expected = reference_adamw_run(**HYPER)
-    yours = call_learner(lambda: reference_adamw_run(adamw_step, **HYPER), name="adamw_step")
+def check_training_memory(training_bytes):
+    """``training_bytes(shapes, dtype)``: {'weights', 'gradients', 'optimizer state'}, bytes for AdamW training."""
+    require_callable(training_bytes, "training_bytes")
+    cases = measured_training_cases()
+    answers = []
+    for case in cases:
+        with torch.device("meta") if case["7B"] else contextlib.nullcontext():  # see learner_bytes
+            answer = call_learner(training_bytes, *fresh(case["args"]), name="training_bytes")
+        if not isinstance(answer, dict) or set(PARTS) - set(answer):
+            raise Wrong(f"training_bytes should return a dict with the keys {', '.join(repr(p) for p in PARTS)}, "
+                        f"but on {case['label']} it returned {answer!r}.")
+        answers.append({part: whole_number(answer[part], f"training_bytes(...)[{part!r}]") for part in PARTS})
+    for part in PARTS:
+        measured = [{**case, "measured": case["measured"][part], "entries": {part: case["measured"][part]}}
+                    for case in cases]
+        judge_predictions(measured, [answer[part] for answer in answers], PART_MISTAKES[part],
+                          f"training_bytes(...)[{part!r}]")
+    llama = {dtype_name(case["args"][1]): case["measured"] for case in cases if case["7B"]}
+    n = values(TRAINING_CASES[1][1])
+    lines = [f"{d}: " + " + ".join(f"{parts[p] / n:.2f}" for p in PARTS)
+             + f" = {sum(parts.values()) / n:.2f} bytes per parameter, {sum(parts.values()) / GiB:.1f} GiB"
+             for d, parts in llama.items()]
+    return (f"your parts match the measured ones in all {len(cases)} cases. Llama-2-7B's {n:,} parameters, "
+            "weights + gradients + AdamW's state: " + "; ".join(lines) + ". Activations come on top.")
 
-    def same(a, b):
-        return all(torch.allclose(x, y, rtol=1e-4, atol=1e-6) for x, y in zip(a, b))
 
-    if same(yours, expected):
-        return "after 10 steps your parameter, exp_avg and exp_avg_sq match torch.optim.AdamW's."
-    for mistake, explanation in MISTAKES.items():
-        if same(yours, reference_adamw_run(variant_step(**{mistake: True}), **HYPER)):
-            raise Wrong(explanation)
-    if not same(yours[1:], expected[1:]):
-        if torch.allclose(yours[1], torch.zeros_like(yours[1])):
-            raise Wrong("exp_avg is still all zeros after 10 steps. Hint: update the EMAs in place "
-                        "(exp_avg.mul_(beta1).add_(...)); `exp_avg = ...` only rebinds a local name.")
-        raise Wrong("your EMAs differ from PyTorch's. Hint: exp_avg = beta1 x exp_avg + (1 - beta1) x grad and "
-                    "exp_avg_sq = beta2 x exp_avg_sq + (1 - beta2) x grad², both updated in place.")
-    if torch.equal(yours[0], reference_adamw_run(lambda *args, **kwargs: None, **HYPER)[0]):
-        raise Wrong("the parameter never changed. Hint: update it in place (param.mul_, param.addcdiv_).")
-    raise Wrong("the EMAs are right, the parameter update is not. Hint: param -= lr x (exp_avg / c1) / "
-                "(sqrt(exp_avg_sq / c2) + eps), after the decoupled decay param *= 1 - lr x weight_decay.")
+# --- 4.3: find the bug in an AdamW step -----------------------------------------------------------
+
+HYPER = dict(lr=0.05, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)  # lr x weight_decay large enough to see
+STEPS = 10
+TOLERANCE = dict(rtol=1e-5, atol=1e-7)  # float32 rounding after 10 steps; the near misses differ by > 1e-4
 
 
-def optimizers_to_weigh():
-    """(name, optimizer after one step, state elements, state bytes, parameter bytes) for several optimizers."""
-    from transformers.optimization import Adafactor
+def random_run(steps=STEPS):
+    """A parameter and ``steps`` gradients from the check's own generator (the learner's stays untouched)."""
+    generator = torch.Generator().manual_seed(0)
+    parameter = torch.randn(6, 4, generator=generator)
+    return parameter, [torch.randn(6, 4, generator=generator) for _ in range(steps)]
 
-    with torch.random.fork_rng(devices=[]):  # the layers draw their weights from the global generator: restore it
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 8))
-    bf16_model = copy.deepcopy(model).to(torch.bfloat16)
-    cases = [("AdamW", model, lambda ps: torch.optim.AdamW(ps, lr=1e-3)),
-             ("SGD with momentum", model, lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)),
-             ("SGD without momentum", model, lambda ps: torch.optim.SGD(ps, lr=0.1)),
-             ("Adafactor", model, lambda ps: Adafactor(ps, lr=1e-3, relative_step=False, scale_parameter=False)),
-             ("AdamW on a bfloat16 model", bf16_model, lambda ps: torch.optim.AdamW(ps, lr=1e-3))]
-    for name, m, make in cases:
-        m = copy.deepcopy(m)
-        for p in m.parameters():
-            p.grad = torch.ones_like(p)
-        optimizer = make(list(m.parameters()))
+
+def torch_adamw_run(**hyper):
+    """(parameter, exp_avg, exp_avg_sq, step) after torch.optim.AdamW's steps: the intended result."""
+    start, gradients = random_run()
+    parameter = torch.nn.Parameter(start.clone())
+    optimizer = torch.optim.AdamW([parameter], **hyper)
+    for gradient in gradients:
+        parameter.grad = gradient.clone()
         optimizer.step()
-        yield (name, optimizer, *optimizer_state.optimizer_state_size(optimizer),
-               sum(p.numel() * p.element_size() for p in m.parameters()))
+    state = optimizer.state[parameter]
+    return parameter.detach(), state["exp_avg"], state["exp_avg_sq"], float(state["step"])
+
+
+def step_function_run(step_function, **hyper):
+    """(parameter, exp_avg, exp_avg_sq, step) after ``step_function(param, grad, state, **hyper)`` steps."""
+    parameter, gradients = random_run()
+    state = {}
+    for gradient in gradients:
+        step_function(parameter, gradient.clone(), state, **hyper)
+    missing = {"step", "exp_avg", "exp_avg_sq"} - set(state)
+    if missing:
+        raise Wrong(f"after {STEPS} steps `state` has no {', '.join(sorted(missing))}. Hint: keep the state "
+                    "in the dict the step receives, as colleague_step does (state['exp_avg'], ...).")
+    return parameter, state["exp_avg"], state["exp_avg_sq"], float(state["step"])
+
+
+def adamw_variant(decay):
+    """colleague_step with its decay written one way: 'decoupled' (AdamW's) or one of DECAY_MISTAKES."""
+    def step(param, grad, state, lr, betas, eps, weight_decay):
+        beta1, beta2 = betas
+        if not state:
+            state.update(step=0, exp_avg=torch.zeros_like(param), exp_avg_sq=torch.zeros_like(param))
+        state["step"] += 1
+        if decay in ("decoupled", "both"):
+            param.mul_(1 - lr * weight_decay)
+        elif decay == "without_lr":
+            param.mul_(1 - weight_decay)
+        if decay in ("coupled", "both"):
+            grad = grad.add(param, alpha=weight_decay)
+        state["exp_avg"].lerp_(grad, 1 - beta1)
+        state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        bias_correction1, bias_correction2 = 1 - beta1 ** state["step"], 1 - beta2 ** state["step"]
+        denominator = state["exp_avg_sq"].sqrt() / math.sqrt(bias_correction2) + eps
+        param.addcdiv_(state["exp_avg"], denominator, value=-lr / bias_correction1)
+        if decay == "after_update":
+            param.mul_(1 - lr * weight_decay)
+    return step
+
+
+DECAY_MISTAKES = {
+    "coupled": "this step still adds weight_decay x param to the gradient: that is Adam's L2 penalty (what "
+               "torch.optim.Adam does with weight_decay). The decay is then divided by sqrt(exp_avg_sq) like "
+               "the gradient: a weight with large gradients is hardly decayed, and with a zero gradient every "
+               "weight shrinks by about lr, whatever its size. AdamW decouples it: param *= 1 - lr x "
+               "weight_decay, and the gradient is left alone.",
+    "both": "you added AdamW's decoupled decay but kept the line that adds weight_decay x param to the "
+            "gradient, so the weights decay twice. Remove that line.",
+    "none": "there is no weight decay now. AdamW shrinks the parameter itself, param *= 1 - lr x weight_decay, "
+            "before the Adam update.",
+    "without_lr": "AdamW's decay is scaled by the learning rate: param *= 1 - lr x weight_decay, not "
+                  "1 - weight_decay.",
+    "after_update": "the decay comes after the Adam update here, so it shrinks the updated weight. AdamW "
+                    "(torch.optim.AdamW, and the paper) decays the weight of the previous step, before the update.",
+}
 
 
 @checker("4.3")
-def check_optimizer_state_size(optimizer_state_size):
-    """``optimizer_state_size(optimizer)``: the bytes of every tensor in ``optimizer.state``."""
-    require_callable(optimizer_state_size, "optimizer_state_size")
-    hints = [("'str' object has no attribute", "looping over a dict gives its keys (names such as 'exp_avg'): "
-                                                "loop over state.values() instead."),
-             ("not iterable", "optimizer.state maps each parameter to a dict: loop over optimizer.state.values(), "
-                              "then over each dict's values()."),
-             ("has no attribute 'numel'", "some state entries are not tensors (Adafactor keeps its step as an int): "
-                                          "skip them with isinstance(value, torch.Tensor)."),
-             ("has no attribute 'element_size'", "skip state entries that are not tensors "
-                                                 "(isinstance(value, torch.Tensor)).")]
-    lines = []
-    for name, optimizer, elements, true_bytes, parameter_bytes in optimizers_to_weigh():
-        answer = call_learner(optimizer_state_size, optimizer, name=f"optimizer_state_size on {name}", hints=hints)
-        answer = whole_number(answer, f"optimizer_state_size on {name}")
-        if answer == true_bytes:
-            lines.append(f"{name} {answer:,}")
-            continue
-        if answer == elements:
-            raise Wrong(f"on {name} you returned {answer:,}, the number of elements; the state holds {true_bytes:,} "
-                        "bytes. Hint: multiply each tensor's numel() by its element_size().")
-        if answer == parameter_bytes:
-            raise Wrong(f"on {name} you returned {answer:,}, the bytes of the parameters themselves. Hint: weigh "
-                        "what is inside optimizer.state, not optimizer.param_groups.")
-        if "bfloat16" in name and answer == 2 * true_bytes:
-            raise Wrong(f"on {name} you returned {answer:,}, twice the {true_bytes:,} bytes: a bfloat16 value has "
-                        "2 bytes, not 4. Hint: use each tensor's element_size() rather than assuming 4.")
-        raise Wrong(f"on {name} you returned {answer:,} bytes; its state holds {true_bytes:,}. Hint: add up "
-                    "numel() x element_size() over every tensor in every parameter's state.")
-    return "state bytes: " + ", ".join(lines) + "."
+def check_fixed_step(fixed_step):
+    """``fixed_step(param, grad, state, lr, betas, eps, weight_decay)``: colleague_step with AdamW's decay."""
+    require_callable(fixed_step, "fixed_step")
+    expected = torch_adamw_run(**HYPER)
+    yours = call_learner(lambda: step_function_run(fixed_step, **HYPER), name="fixed_step")
+    if yours[3] != expected[3]:
+        raise Wrong(f"state['step'] is {yours[3]:g} after {STEPS} steps. Hint: add 1 to it at every step, "
+                    "as colleague_step does.")
+
+    def same(a, b):
+        return all(torch.allclose(x, y, **TOLERANCE) for x, y in zip(a[:3], b[:3]))
+
+    if same(yours, expected):
+        return (f"after {STEPS} steps your parameter, exp_avg and exp_avg_sq match torch.optim.AdamW's. The decay "
+                "now shrinks each weight in proportion to its size, outside the adaptive update.")
+    for decay, hint in DECAY_MISTAKES.items():
+        if same(yours, step_function_run(adamw_variant(decay), **HYPER)):
+            raise Wrong(hint)
+    if torch.count_nonzero(yours[1]) == 0:
+        raise Wrong("exp_avg is still all zeros. Hint: update the state's tensors in place (lerp_, mul_, "
+                    "addcmul_); `exp_avg = ...` only gives a new tensor a local name.")
+    if not all(torch.allclose(x, y, **TOLERANCE) for x, y in zip(yours[1:3], expected[1:3])):
+        raise Wrong("your EMAs differ from torch.optim.AdamW's, so more than the decay changed. Hint: start "
+                    "again from colleague_step and change only how weight_decay is applied.")
+    raise Wrong("the EMAs are right, the parameter is not. Hint: start again from colleague_step and change "
+                "only how weight_decay is applied: param *= 1 - lr x weight_decay before the update.")
 
 
-DISTILBERT_PARTS = {
-    "the word embeddings": lambda c: c.vocab_size * c.dim,
-    "the position embeddings": lambda c: c.max_position_embeddings * c.dim,
-    "the embedding LayerNorm": lambda c: 2 * c.dim,
-    "the attention projections (q, k, v, out)": lambda c: c.n_layers * 4 * (c.dim * c.dim + c.dim),
-    "the feed-forward layers (lin1, lin2)": lambda c: c.n_layers * (2 * c.dim * c.hidden_dim + c.hidden_dim + c.dim),
-    "the two LayerNorms of every layer": lambda c: c.n_layers * 2 * 2 * c.dim,
-    "the pre_classifier": lambda c: c.dim * c.dim + c.dim,
-    "the classifier": lambda c: c.dim * c.num_labels + c.num_labels,
-}
-BIASES = {"the attention biases": lambda c: c.n_layers * 4 * c.dim,
-          "the feed-forward biases": lambda c: c.n_layers * (c.hidden_dim + c.dim),
-          "the biases of pre_classifier and classifier": lambda c: c.dim + c.num_labels}
+# --- 4.4: Adafactor's and 8-bit AdamW's state -----------------------------------------------------
+
+@contextlib.contextmanager
+def quiet_bitsandbytes_import():
+    """Import bitsandbytes without its CPU backend's warning about a 4-bit kernel (lesson 4 explains it).
+
+    bitsandbytes/backends/cpu/ops.py logs it on CPUs with AVX512-BF16, about 4-bit matrix products,
+    which these checks do not use; the 8-bit optimizer's CPU update is unaffected. The logger's level
+    is restored afterwards.
+    """
+    logger = logging.getLogger("bitsandbytes.backends.cpu.ops")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
-def configurations():
-    """The DistilBERT configurations the learner's formula must count: the slides', the tiny one and a third."""
-    from helpers.models import model_config
+def make_adafactor(momentum):
+    from transformers.optimization import Adafactor
 
-    other = model_config("tiny", num_labels=3)
-    other.update({"vocab_size": 300, "dim": 48, "n_layers": 3, "n_heads": 4, "hidden_dim": 96,
-                  "max_position_embeddings": 40})
-    return {"distilbert-base-cased": model_config("base"), "distilbert-tiny": model_config("tiny"),
-            "a third configuration (3 labels)": other}
+    return lambda parameters: Adafactor(parameters, lr=1e-3, relative_step=False, scale_parameter=False,
+                                        warmup_init=False, beta1=0.9 if momentum else None)
 
 
-def counted_parameters(config):
-    """Parameters of the model built from ``config``: the truth the learner's formula is checked against."""
-    from transformers import AutoModelForSequenceClassification
+def make_adamw8bit():
+    with quiet_bitsandbytes_import():
+        import bitsandbytes as bnb
+    return lambda parameters: bnb.optim.AdamW8bit(parameters, lr=1e-3)
 
-    with torch.device("meta"):  # shapes only: no memory, no time
-        model = AutoModelForSequenceClassification.from_config(config)
-    return sum(p.numel() for p in model.parameters())
+
+FACTORED_CASES = [  # 1-D and 2-D shapes: each list tests a rule (below: 4,096 values, blocks of 256)
+    ("two 256 x 256 projections and their biases", [(256, 256), (256,), (256, 256), (256,)]),
+    ("a vector of 5,000 values", [(5000,)]),
+    ("a 64 x 64 matrix (4,096 values)", [(64, 64)]),
+    ("a 63 x 64 matrix (4,032 values)", [(63, 64)]),
+    ("a 1 x 5,000 matrix", [(1, 5000)]),
+    ("three small tensors", [(300, 20), (20,), (7, 9)]),
+]
+
+
+def measured_state_cases(make_optimizer, args_of):
+    """One case per shape list of FACTORED_CASES and per ``args_of(shapes)``: the state after one real step."""
+    cases = []
+    for label, shapes in FACTORED_CASES:
+        for args in args_of(shapes):
+            _, optimizer = one_step(make_optimizer(*args[1:]), shapes)
+            extra = "" if len(args) == 1 else f" with momentum={args[1]}"
+            cases.append({"args": args, "measured": optimizer_state.optimizer_state_size(optimizer)[1],
+                          "entries": state_entries(optimizer), "label": f"{label} {shapes}{extra}"})
+    return cases
+
+
+def adafactor_rule(rms=4, step=0, factor_matrices=True, factor_vectors=False, momentum_bytes=4,
+                   momentum_factored=False, momentum_always=False):
+    """transformers' Adafactor state in bytes, float32 parameters: a mistake model for the hints.
+
+    With the defaults it gives the measured bytes; each mistake in ADAFACTOR_MISTAKES changes one setting.
+    """
+    def rule(shapes, momentum=False):
+        total = 0
+        for shape in shapes:
+            if len(shape) == 2:  # a matrix: one value per row and one per column
+                second = sum(shape) if factor_matrices else numel(shape)
+                first = sum(shape) if momentum_factored else numel(shape)
+            else:  # a vector: one value per entry (taken as 1 x n when factor_vectors)
+                second = numel(shape) + (1 if factor_vectors else 0)
+                first = numel(shape)
+            has_momentum = momentum or momentum_always
+            total += 4 * second + rms + step + (momentum_bytes * first if has_momentum else 0)
+        return total
+    return rule
+
+
+ADAFACTOR_MISTAKES = [
+    (adafactor_rule(rms=0), "every tensor also keeps RMS, its root mean square: a 0-dimensional float32 "
+                            "tensor, 4 bytes per tensor."),
+    (adafactor_rule(step=4), "`step` is a Python int in Adafactor's state, not a tensor: it holds no tensor "
+                             "bytes (optimizer_state_size skips it)."),
+    (adafactor_rule(factor_matrices=False), "a matrix keeps its second moment factored: exp_avg_sq_row and "
+                                            "exp_avg_sq_col, one float32 per row and one per column, not a value "
+                                            "per entry."),
+    (adafactor_rule(momentum_bytes=0), "with momentum (beta1 set) Adafactor also keeps exp_avg, a full float32 "
+                                       "tensor: 4 bytes per value."),
+    (adafactor_rule(momentum_factored=True), "exp_avg, the first moment, is not factored: it is a full float32 "
+                                             "tensor, 4 bytes per value."),
+    (adafactor_rule(momentum_always=True), "without momentum (beta1=None, the default) there is no exp_avg: "
+                                           "only the factored second moment and RMS."),
+    (adafactor_rule(factor_vectors=True), "a vector's second moment is not factored: exp_avg_sq, one float32 "
+                                          "per value."),
+]
+
+
+def adamw8bit_rule(threshold=4096, below_is_float32=True, block=256, round_up=True, scales=2, tables=2048,
+                   tables_per_tensor=False, tables_always=False, step=0):
+    """bitsandbytes' AdamW8bit state in bytes, float32 parameters: a mistake model for the hints.
+
+    With the defaults it gives the measured bytes; each mistake in ADAMW8BIT_MISTAKES changes one setting.
+    """
+    def rule(shapes):
+        total, eight_bit = 0, 0
+        for shape in shapes:
+            n = numel(shape)
+            if n < threshold and below_is_float32:
+                total += 2 * 4 * n + step
+                continue
+            eight_bit += 1
+            blocks = n // block + (bool(n % block) if round_up else 0)
+            total += 2 * n + scales * 4 * blocks + step
+        if eight_bit and tables_per_tensor:
+            return total + tables * eight_bit
+        return total + (tables if eight_bit or tables_always else 0)
+    return rule
+
+
+ADAMW8BIT_MISTAKES = [
+    (adamw8bit_rule(tables=0), "the 8-bit codes index two lookup tables, qmap1 and qmap2: 256 float32 values "
+                               "each, 2,048 bytes in all, once for the whole optimizer."),
+    (adamw8bit_rule(tables_per_tensor=True), "the two lookup tables (2,048 bytes) are shared by every tensor's "
+                                             "state: count them once, as optimizer_state_size does."),
+    (adamw8bit_rule(tables_always=True), "the lookup tables exist only when some tensor has 8-bit states; "
+                                         "tensors under 4,096 values keep float32 states and need none."),
+    (adamw8bit_rule(round_up=False), "a last, partial block of 256 values has its own scale too: round the "
+                                     "number of blocks up (5,000 values are 20 blocks)."),
+    (adamw8bit_rule(block=2048), "bitsandbytes uses blocks of 256 values here (the paper's 2,048 is not this "
+                                 "version's): one float32 scale per block and state."),
+    (adamw8bit_rule(threshold=4097), "a tensor of exactly 4,096 values already gets 8-bit states: float32 "
+                                     "states are for tensors under 4,096 values (min_8bit_size)."),
+    (adamw8bit_rule(below_is_float32=False), "tensors under 4,096 values (biases, LayerNorms, small matrices) "
+                                             "keep two float32 states: 8 bytes per value."),
+    (adamw8bit_rule(scales=0), "each block of 256 values also has a float32 scale in each state, absmax1 and "
+                               "absmax2."),
+    (adamw8bit_rule(scales=1), "each state has its own scales: absmax1 and absmax2, one float32 per block each."),
+    (adamw8bit_rule(step=4), "`step` is a Python int in bitsandbytes' state, not a tensor: it holds no tensor "
+                             "bytes."),
+]
+
+
+def size_text(n_bytes):
+    return f"{n_bytes / GiB:.2f} GiB" if n_bytes >= GiB else f"{n_bytes / MiB:.1f} MiB"
 
 
 @checker("4.4")
-def check_parameters_from_config(parameters_from_config):
-    """``parameters_from_config(config)``: DistilBERT's parameter count, from its configuration alone."""
-    require_callable(parameters_from_config, "parameters_from_config")
-    hints = [("has no attribute", "DistilBERT's configuration names its sizes vocab_size, dim, n_layers, "
-                                  "hidden_dim, max_position_embeddings and num_labels.")]
-    results = []
-    for name, config in configurations().items():
-        answer = call_learner(parameters_from_config, config, name=f"parameters_from_config on {name}", hints=hints)
-        answer = whole_number(answer, f"parameters_from_config on {name}")
-        truth = counted_parameters(config)
-        if answer != truth:
-            difference = truth - answer
-            missing = [part for part, size in {**DISTILBERT_PARTS, **BIASES}.items() if size(config) == abs(difference)]
-            which = (f" That is exactly the size of {' or of '.join(missing)}: "
-                     f"{'missing' if difference > 0 else 'counted twice'}?" if missing else "")
-            raise Wrong(f"on {name} you computed {answer:,}; the model built from it has {truth:,} parameters "
-                        f"({'short by' if difference > 0 else 'over by'} {abs(difference):,}).{which} Hint: a Linear(a, b) "
-                        "has a x b weights and b biases; a LayerNorm has 2 x its width; add the embeddings, 6 Linear "
-                        "layers and 2 LayerNorms per transformer layer, then pre_classifier and classifier.")
-        results.append((name, answer))
-    base = results[0][1]
-    return (f"your formula matches the built models ({', '.join(f'{n}: {a:,}' for n, a in results)}). "
-            f"For the slides' model, AdamW's state is then {base:,} x 8 bytes = {base * 8 / MiB:.1f} MiB.")
+def check_adafactor_and_8bit_state(adafactor_state_bytes, adamw8bit_state_bytes):
+    """``adafactor_state_bytes(shapes, momentum)`` and ``adamw8bit_state_bytes(shapes)``, float32 parameters.
+
+    Without bitsandbytes (requirements.txt pins it) the 8-bit function is not judged, and the verdict says so.
+    """
+    require_callable(adafactor_state_bytes, "adafactor_state_bytes")
+    require_callable(adamw8bit_state_bytes, "adamw8bit_state_bytes")
+    try:
+        make_adamw8bit()
+        judged = {"adafactor_state_bytes": adafactor_state_bytes, "adamw8bit_state_bytes": adamw8bit_state_bytes}
+    except ImportError as error:
+        judged = {"adafactor_state_bytes": adafactor_state_bytes}
+        unchecked = (f" adamw8bit_state_bytes was not checked: bitsandbytes cannot be imported here "
+                     f"({error}); requirements.txt pins it, and `make lab` installs it.")
+    ways = {"adafactor_state_bytes": (make_adafactor, lambda shapes: [(shapes, False), (shapes, True)],
+                                      ADAFACTOR_MISTAKES),
+            "adamw8bit_state_bytes": (make_adamw8bit, lambda shapes: [(shapes,)], ADAMW8BIT_MISTAKES)}
+    for name, function in judged.items():
+        make_optimizer, args_of, mistakes = ways[name]
+        cases = measured_state_cases(make_optimizer, args_of)
+        answers = [learner_bytes(function, case["args"], name) for case in cases]
+        judge_predictions(cases, answers, mistakes, name)
+    llama = llama_shapes(**LLAMA_2_7B)  # too large to measure here: what the checked functions predict
+    n = values(llama)
+    if len(judged) == 1:
+        return "your Adafactor predictions match the measured states of every shape list." + unchecked
+    predicted = {"Adafactor": learner_bytes(adafactor_state_bytes, (llama, False), "adafactor_state_bytes",
+                                            large=True),
+                 "Adafactor with momentum": learner_bytes(adafactor_state_bytes, (llama, True),
+                                                          "adafactor_state_bytes", large=True),
+                 "8-bit AdamW": learner_bytes(adamw8bit_state_bytes, (llama,), "adamw8bit_state_bytes",
+                                              large=True)}
+    return ("your predictions match the measured states of every shape list. Applied to Llama-2-7B's "
+            f"{n:,} parameters, your functions predict " + ", ".join(
+                f"{name} {size_text(b)} ({b / n:.3f} bytes per parameter)" for name, b in predicted.items())
+            + "; AdamW's float32 state would be 8 bytes per parameter.")
