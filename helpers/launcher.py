@@ -41,12 +41,14 @@ COLLECTIVE_TIMEOUT_S = 60  # no single collective of the course takes more than 
 FORKED_WORKER_ENV = "COURSE_FORKED_WORKER"  # set in the processes that run_in_processes forks
 
 
-def run_in_processes(worker, worker_args=(), num_processes=2, port=None, timeout_s=LAUNCH_TIMEOUT_S):
+def run_in_processes(worker, worker_args=(), num_processes=2, port=None, timeout_s=LAUNCH_TIMEOUT_S,
+                     preload=True):
     """Run ``worker(accelerator, *worker_args)`` in ``num_processes`` forked processes; return process 0's result.
 
     The result must be JSON-serialisable (it travels through a file). A worker that raises is
     raised here as a ``WorkerFailedError``; workers still running after ``timeout_s`` seconds are
-    stopped, and a ``WorkerTimeoutError`` says where each one was.
+    stopped, and a ``WorkerTimeoutError`` says where each one was. ``preload=False`` skips importing
+    DistilBERT's and the data's code before the fork, for workers that use neither.
     """
     from accelerate import notebook_launcher
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
@@ -60,7 +62,8 @@ def run_in_processes(worker, worker_args=(), num_processes=2, port=None, timeout
         raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
     require_loopback()
     reset_accelerate_state()
-    preload_training_modules()  # once, before the fork: the workers share it instead of each importing it
+    if preload:
+        preload_training_modules()  # once, before the fork: the workers share it instead of each importing it
     if port is None:
         port = default_port()
     if port_is_busy(port):
