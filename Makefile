@@ -9,7 +9,7 @@ NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb notebooks/practice/*.ipynb))
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 LAB_ARGS ?=
 
-.PHONY: install lab test test-other-cpu test-gpu execute bench data slides clean
+.PHONY: install lab test test-other-cpu test-gpu execute bench data slides handout clean
 
 install: $(INSTALLED)
 
@@ -68,6 +68,11 @@ data: $(INSTALLED)
 # Static reveal.js decks of the lessons, in build/slides (git-ignored); see tools/build_slides.py.
 slides: $(INSTALLED)
 	$(PY) tools/build_slides.py
+
+# One PDF per lesson in build/handouts (one slide per page, speaker notes included), printed from
+# the static decks by headless Chromium; see tools/handout.py.
+handout: slides
+	$(PY) tools/handout.py
 
 clean:
 	rm -rf build .pytest_cache
