@@ -4,12 +4,17 @@ Every exercise has correct variants a learner might write and at least two typic
 The notebooks themselves are run by nbval; the last tests check the practice/solution pairs.
 Each lesson's checks are tested in tests/test_practice_0N.py.
 """
+import math
 import warnings
+from fractions import Fraction
 
+import numpy as np
 import pytest
+import torch
 
 from helpers.paths import REPO_ROOT
-from helpers.practice.verdicts import CHECK_FAILED, CORRECT, call_learner, checker, explaining_warnings, is_unfinished
+from helpers.practice.verdicts import (CHECK_FAILED, CORRECT, WRONG, Wrong, call_learner, checker,
+                                      explaining_warnings, is_unfinished, whole_number)
 from helpers.practice import adamw as l4
 
 from practice_support import assert_verdict
@@ -93,6 +98,46 @@ def test_explaining_warnings_shows_the_others_even_when_the_block_raises():
         with explaining_warnings("explained"):
             warnings.warn("shown anyway", UserWarning)
             raise ValueError
+
+
+@pytest.mark.parametrize("value", [
+    4724744, np.int64(4724744), np.int32(4724744), np.uint64(4724744),  # NumPy's sums and products
+    torch.tensor(4724744), np.array(4724744),  # 0-dimensional integer tensor and array
+    4724744.0, np.float64(4724744.0), torch.tensor(4724744.0, dtype=torch.float64), Fraction(9449488, 2),
+    torch.tensor(4724744.0, dtype=torch.float64, requires_grad=True),  # converted without a warning
+])
+def test_whole_number_accepts_anything_integral_or_equal_to_an_int(value):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        number = whole_number(value, "bytes")
+    assert number == 4724744 and type(number) is int
+
+
+@pytest.mark.parametrize("value, said", [
+    (float("nan"), "which is not a number"), (np.float64("nan"), "which is not a number"),
+    (torch.tensor(float("nan")), "which is not a number"),
+    (float("inf"), "which is infinite"), (-math.inf, "which is infinite"), (np.float32("inf"), "which is infinite"),
+    (2.5, "rounds up (math.ceil) or down (//)"), (Fraction(1, 3), "rounds up"),
+    (True, "a truth value"), (np.bool_(False), "a truth value"), (torch.tensor(True), "a truth value"),
+    ("256", "of type str"), (None, "of type NoneType"), ([256], "of type list"), (1 + 0j, "of type complex"),
+    (torch.tensor([256]), "shape (1,)"), (np.array([256, 1]), "shape (2,)"),
+    (torch.empty((), device="meta"), "meta device"), (torch.tensor(1, device="meta"), "meta device"),
+])
+def test_whole_number_says_why_anything_else_is_not_one(value, said):
+    with pytest.raises(Wrong) as raised:
+        whole_number(value, "bytes")
+    assert str(raised.value).startswith("bytes should be a whole number, but it is ") and said in str(raised.value)
+    assert "Hint: " in str(raised.value)
+
+
+def test_a_learners_nan_is_not_quite_never_a_check_that_failed_itself():
+    @checker("0.4")
+    def check_count(answer):
+        return f"{whole_number(call_learner(answer), 'count'):,} bytes"
+
+    assert_verdict(check_count.verdict(lambda: float("nan")), WRONG, "which is not a number")
+    assert_verdict(check_count.verdict(lambda: float("-inf")), WRONG, "which is infinite")
+    assert_verdict(check_count.verdict(lambda: np.int64(3) * 4), CORRECT, "12 bytes")
 
 
 # --- the notebooks ------------------------------------------------------------------------

@@ -5,6 +5,7 @@ mistakes, so that a test fails if the checker stops recognising one.
 """
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -52,6 +53,29 @@ def test_4_1_accepts_exact_predictions(answer):
 ])
 def test_4_1_near_misses_are_not_quite_and_name_the_cause(answer, cause):
     assert_verdict(l4.check_optimizer_state_size.verdict(answer), WRONG, cause)
+
+
+@pytest.mark.parametrize("answer", [  # counted with NumPy or PyTorch: not Python ints, but whole numbers
+    lambda shapes, dtype: sum(2 * np.prod(shape) * dtype.itemsize + 4 for shape in shapes),  # np.int64
+    lambda shapes, dtype: torch.tensor(adamw_bytes_per_tensor(shapes, dtype)),  # a 0-dimensional tensor
+    lambda shapes, dtype: np.float64(adamw_bytes_per_tensor(shapes, dtype)),
+    lambda shapes, dtype: sum(2 * torch.tensor(s).prod().item() * dtype.itemsize + 4 for s in shapes),
+])
+def test_4_1_accepts_numpy_and_torch_numbers_that_are_whole(answer):
+    assert_verdict(l4.check_optimizer_state_size.verdict(answer), CORRECT, "all 9 cases")
+
+
+@pytest.mark.parametrize("answer, cause", [
+    (lambda shapes, dtype: float("nan"), "which is not a number"),
+    (lambda shapes, dtype: float("inf"), "which is infinite"),
+    (lambda shapes, dtype: np.float64("nan"), "which is not a number"),
+    (lambda shapes, dtype: adamw_bytes_per_tensor(shapes, dtype) + 0.5, "rounds up (math.ceil) or down (//)"),
+    (lambda shapes, dtype: None, "of type NoneType"),
+    (lambda shapes, dtype: (shape for shape in shapes), "of type generator"),
+    (lambda shapes, dtype: torch.tensor([adamw_bytes_per_tensor(shapes, dtype)]), "shape (1,)"),
+])
+def test_4_1_an_answer_that_is_not_a_whole_number_is_not_quite_never_a_failed_check(answer, cause):
+    assert_verdict(l4.check_optimizer_state_size.verdict(answer), WRONG, "should be a whole number", cause)
 
 
 def test_4_1_not_done_and_not_a_number():
@@ -129,6 +153,40 @@ def test_4_4_a_learner_who_measures_the_7b_model_gets_meta_tensors_not_tens_of_g
 
     assert_verdict(l4.check_adafactor_and_8bit_state.verdict(adafactor_checking_its_device,
                                                               adamw8bit_checking_its_device), CORRECT)
+
+
+def training_bytes_with_numpy(shapes, dtype):  # np.int64 values, no int()
+    parameters = np.sum([np.prod(shape) for shape in shapes])
+    return {"weights": parameters * dtype.itemsize, "gradients": parameters * dtype.itemsize,
+            "optimizer state": adamw_bytes_per_tensor(shapes, dtype)}
+
+
+def test_4_2_accepts_numpy_integers():
+    assert_verdict(l4.check_training_memory.verdict(training_bytes_with_numpy), CORRECT, "all 5 cases")
+
+
+def training_bytes_with_item(shapes, dtype):  # right, but .item() has no value on the meta device
+    parameters = sum(torch.tensor(shape).prod().item() for shape in shapes)
+    return {**training_bytes_by_parts(shapes, dtype), "weights": parameters * dtype.itemsize}
+
+
+def training_bytes_as_tensors(shapes, dtype):  # right, but returns tensors: meta tensors for the 7B
+    return {part: torch.tensor(n) for part, n in training_bytes_by_parts(shapes, dtype).items()}
+
+
+@pytest.mark.parametrize("answer, cause", [
+    (training_bytes_with_item, "Tensor.item() cannot be called on meta tensors"),
+    (training_bytes_as_tensors, "is a tensor without a value"),
+])
+def test_4_2_a_right_rule_that_needs_tensor_values_is_told_about_the_meta_device(answer, cause):
+    """The 7B case runs on the meta device, where .item() fails: not quite, saying why and what to do instead.
+
+    They are not accepted: the check cannot know the 7B answer without running the function there, and
+    running it on real tensors would allocate tens of GB for a learner who measures (the test above).
+    """
+    assert_verdict(l4.check_training_memory.verdict(answer), WRONG,
+                   "your parts match the measured ones on an attention projection and its bias, but not on "
+                   "Llama-2-7B's shapes", cause, 'torch.device("meta")', "tens of GB", "math.prod(shape)")
 
 
 def float32_gradients(shapes, dtype):  # "mixed precision keeps float32 gradients": not with a bf16 model
@@ -251,6 +309,115 @@ def test_4_3_near_misses_are_not_quite_and_name_the_cause(answer, cause):
     assert_verdict(l4.check_fixed_step.verdict(answer), WRONG, cause)
 
 
+def colleague_with(decay="decoupled", eps_at="after_root", eps_value=None):
+    """colleague_step fixed, or with one mistake, as a learner would write it."""
+    def step(param, grad, state, lr, betas, eps, weight_decay):
+        eps = eps if eps_value is None else eps_value
+        beta1, beta2 = betas
+        if not state:
+            state.update(step=0, exp_avg=torch.zeros_like(param), exp_avg_sq=torch.zeros_like(param))
+        state["step"] += 1
+        if decay == "decoupled":
+            param.mul_(1 - lr * weight_decay)
+        elif decay == "rebound":
+            param = param * (1 - lr * weight_decay)  # a new tensor, named param here only
+        elif decay == "divided by the bias correction":
+            param.mul_(1 - lr * weight_decay / (1 - beta1 ** state["step"]))
+        elif decay == "lr squared":
+            param.mul_(1 - lr * lr * weight_decay)
+        elif decay == "first step only":
+            param.mul_(1 - lr * weight_decay if state["step"] == 1 else 1.0)
+        elif decay == "by sign":
+            param.sub_(lr * weight_decay * param.sign())
+        state["exp_avg"].lerp_(grad, 1 - beta1)
+        state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        bias_correction1 = 1 - beta1 ** state["step"]
+        bias_correction2 = 1 - beta2 ** state["step"]
+        root = state["exp_avg_sq"].sqrt()
+        if eps_at == "after_root":
+            denominator = root / math.sqrt(bias_correction2) + eps
+        elif eps_at == "inside_root":
+            denominator = (state["exp_avg_sq"] / bias_correction2 + eps).sqrt()
+        elif eps_at == "before_bias_correction":
+            denominator = (root + eps) / math.sqrt(bias_correction2)
+        elif eps_at == "none":
+            denominator = root / math.sqrt(bias_correction2)
+        step_size = lr if eps_at == "no first bias correction" else lr / bias_correction1
+        if eps_at == "no first bias correction":
+            denominator = root / math.sqrt(bias_correction2) + eps
+        param.addcdiv_(state["exp_avg"], denominator, value=-step_size)
+    return step
+
+
+def works_on_a_copy(param, grad, state, lr, betas, eps, weight_decay):
+    copy = param.clone()
+    colleague_with()(copy, grad, state, lr, betas, eps, weight_decay)
+    return copy
+
+
+def decays_the_gradient_too(param, grad, state, lr, betas, eps, weight_decay):
+    colleague_with()(param, grad * (1 - lr * weight_decay), state, lr, betas, eps, weight_decay)
+
+
+@pytest.mark.parametrize("answer, causes", [  # each fooled the check or misled its hint (review of issue 15)
+    (colleague_with(eps_at="inside_root"), ["eps is inside the square root", "about 1e-5"]),
+    (colleague_with(eps_at="before_bias_correction"),
+     ["eps is added before the division by sqrt(bias_correction2)"]),
+    (colleague_with(eps_at="none"), ["the denominator has no eps"]),
+    (colleague_with(eps_value=1e-6), ["matches torch.optim.AdamW with gradients of about 1, but not with gradients "
+                                      "of about 1e-5", "keep eps where colleague_step has it"]),
+    (colleague_with(decay="rebound"), ["the parameter your step was given is unchanged", "param.mul_("]),
+    (works_on_a_copy, ["the parameter your step was given is unchanged", "working on a copy"]),
+    (colleague_with(decay="divided by the bias correction"), ["multiplies the weights by 0.95000, 0.97368, 0.98155",
+                                                              "= 0.995 at every step"]),
+    (colleague_with(decay="lr squared"), ["multiplies the weights by 0.99975, 0.99975, 0.99975"]),
+    (colleague_with(decay="first step only"), ["multiplies the weights by 0.99500, 1.00000, 1.00000"]),
+    (colleague_with(decay="by sign"), ["does not multiply all weights by one factor", "in proportion to its size"]),
+    (colleague_with(eps_at="no first bias correction"), ["your step shrinks the weights as AdamW does",
+                                                          "the difference lies in the Adam update"]),
+    (decays_the_gradient_too, ["your EMAs differ from torch.optim.AdamW's"]),
+])
+def test_4_3_more_near_misses_are_not_quite_and_name_the_cause(answer, causes):
+    assert_verdict(l4.check_fixed_step.verdict(answer), WRONG, *causes)
+
+
+def torch_functional_adamw(param, grad, state, lr, betas, eps, weight_decay):
+    from torch.optim.adam import adam
+
+    if not state:
+        state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(param), exp_avg_sq=torch.zeros_like(param))
+    adam([param], [grad], [state["exp_avg"]], [state["exp_avg_sq"]], [], [state["step"]], amsgrad=False,
+         beta1=betas[0], beta2=betas[1], lr=lr, weight_decay=weight_decay, eps=eps, maximize=False,
+         decoupled_weight_decay=True)
+
+
+def wraps_torch_adamw(param, grad, state, lr, betas, eps, weight_decay):
+    if "optimizer" not in state:
+        state["parameter"] = torch.nn.Parameter(param.detach())  # shares param's memory
+        state["optimizer"] = torch.optim.AdamW([state["parameter"]], lr=lr, betas=betas, eps=eps,
+                                               weight_decay=weight_decay)
+    state["parameter"].grad = grad
+    state["optimizer"].step()
+    state.update(state["optimizer"].state[state["parameter"]])
+
+
+@pytest.mark.parametrize("answer", [torch_functional_adamw, wraps_torch_adamw])
+def test_4_3_a_step_that_calls_pytorchs_adam_is_right_and_told_it_skipped_the_exercise(answer):
+    """What the answer does is right, so it is correct; the verdict says why it matches."""
+    assert_verdict(l4.check_fixed_step.verdict(answer), CORRECT, "match torch.optim.AdamW's",
+                   "calls PyTorch's own Adam update")
+
+
+def test_4_3_a_step_written_out_gets_no_note_and_torchs_adam_is_restored():
+    from torch.optim import adam as module
+
+    originals = (module._single_tensor_adam, module._multi_tensor_adam, module._fused_adam)
+    verdict = l4.check_fixed_step.verdict(lessons_form)
+    assert_verdict(verdict, CORRECT, "of about 1 and of about 1e-5")
+    assert "Note" not in verdict.message
+    assert (module._single_tensor_adam, module._multi_tensor_adam, module._fused_adam) == originals
+
+
 def test_4_3_a_step_that_keeps_no_state_is_told_so():
     def stateless(param, grad, state, lr, betas, eps, weight_decay):
         param.mul_(1 - lr * weight_decay)
@@ -369,6 +536,74 @@ def test_4_4_8bit_near_misses_are_not_quite_and_name_the_cause(adamw8bit, cause)
     assert_verdict(verdict, WRONG, "adamw8bit_state_bytes gave", cause)
 
 
+def test_4_4_a_threshold_between_4033_and_4095_is_not_quite():
+    """Review of issue 15: `n <= 4032` passed while the cases had 4,032 and 4,096 values, not 4,095."""
+    verdict = l4.check_adafactor_and_8bit_state.verdict(adafactor_like_the_solution,
+                                                        adamw8bit_variant(threshold=4033))
+    assert_verdict(verdict, WRONG, "4,095 values", "from 4,096 values up", "keeps two float32 states")
+
+
+def adamw8bit_with_numpy(shapes):  # np.ceil gives np.float64 block counts: whole, so right
+    total, any_8bit = 0, False
+    for shape in shapes:
+        n = np.prod(shape)
+        if n < 4096:
+            total += 8 * n
+        else:
+            total += 2 * n + 8 * np.ceil(n / 256)
+            any_8bit = True
+    return total + (2048 if any_8bit else 0)
+
+
+def test_4_4_accepts_numpy_numbers_that_are_whole():
+    verdict = l4.check_adafactor_and_8bit_state.verdict(adafactor_like_the_solution, adamw8bit_with_numpy)
+    assert_verdict(verdict, CORRECT, "8-bit AdamW 12.75 GiB")
+
+
+def adamw8bit_blocks_with_item(shapes):  # right, but .item() has no value on the meta device
+    total, any_8bit = 0, False
+    for shape in shapes:
+        n = math.prod(shape)
+        if n < 4096:
+            total += 8 * n
+        else:
+            total += 2 * n + 8 * int(torch.ceil(torch.tensor(n / 256)).item())
+            any_8bit = True
+    return total + (2048 if any_8bit else 0)
+
+
+def adamw8bit_numel_with_item(shapes):
+    return adamw8bit_like_the_solution([(int(torch.tensor(shape).prod().item()),) for shape in shapes])
+
+
+def adamw8bit_measured(shapes):  # a learner who measures bitsandbytes instead of predicting
+    import bitsandbytes as bnb
+
+    parameters = [torch.nn.Parameter(torch.zeros(shape)) for shape in shapes]
+    for p in parameters:
+        p.grad = torch.full_like(p, 1e-3)
+    optimizer = bnb.optim.AdamW8bit(parameters, lr=1e-3)  # its lookup tables need values: fails on meta
+    optimizer.step()
+    seen, total = set(), 0
+    for state in optimizer.state.values():
+        for value in state.values():
+            if torch.is_tensor(value) and value.data_ptr() not in seen:
+                seen.add(value.data_ptr())
+                total += value.numel() * value.element_size()
+    return total
+
+
+@pytest.mark.parametrize("adamw8bit, cause", [
+    (adamw8bit_blocks_with_item, "Tensor.item() cannot be called on meta tensors"),
+    (adamw8bit_numel_with_item, "Tensor.item() cannot be called on meta tensors"),
+    (adamw8bit_measured, "Cannot copy out of meta tensor"),
+])
+def test_4_4_a_right_rule_that_needs_tensor_values_is_told_about_the_meta_device(adamw8bit, cause):
+    verdict = l4.check_adafactor_and_8bit_state.verdict(adafactor_like_the_solution, adamw8bit)
+    assert_verdict(verdict, WRONG, "your predictions match the measured states of every shape list, but not on "
+                   "Llama-2-7B's shapes", cause, 'torch.device("meta")', "tens of GB", "math.prod(shape)")
+
+
 def test_4_4_not_done_until_both_functions_are_written():
     def unfinished(shapes):
         return ...
@@ -396,3 +631,28 @@ def test_4_4_without_bitsandbytes_the_8bit_function_is_said_to_be_unchecked(monk
 ])
 def test_a_check_that_builds_or_trains_leaves_the_learners_random_numbers_alone(check):
     assert draws_after_seeding(check) == draws_after_seeding()
+
+
+def recording_threads(function, seen):
+    def recorded(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return function(*args, **kwargs)
+    return recorded
+
+
+@pytest.mark.parametrize("run_check", [
+    lambda seen: l4.check_optimizer_state_size.verdict(recording_threads(adamw_bytes_per_tensor, seen)),
+    lambda seen: l4.check_training_memory.verdict(recording_threads(training_bytes_by_parts, seen)),
+    lambda seen: l4.check_fixed_step.verdict(recording_threads(lessons_form, seen)),
+    lambda seen: l4.check_adafactor_and_8bit_state.verdict(recording_threads(adafactor_by_entry, seen),
+                                                           recording_threads(adamw8bit_like_the_solution, seen)),
+])
+def test_a_check_runs_on_one_thread_and_gives_the_learner_their_thread_count_back(run_check):
+    threads = torch.get_num_threads()
+    seen = []
+    torch.set_num_threads(2)
+    try:
+        assert_verdict(run_check(seen), CORRECT)
+        assert seen and set(seen) == {1} and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)

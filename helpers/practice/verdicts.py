@@ -21,6 +21,8 @@ import ast
 import contextlib
 import functools
 import inspect
+import math
+import operator
 import re
 import textwrap
 import traceback
@@ -193,7 +195,71 @@ def function_has_ellipsis(function):
 
 
 def whole_number(value, name):
-    """``value`` as an int, or Wrong if it is not a whole number."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
-        raise Wrong(f"{name} should be a whole number, but it is {value!r}.")
-    return int(value)
+    """``value`` as an int, or Wrong, saying what it is instead, unless it is a whole number.
+
+    A whole number is anything integral (a Python or NumPy integer, anything with ``__index__`` such as a
+    0-dimensional integer tensor or array) or a real number equal to an int (5.0, np.float64(5.0), a
+    0-dimensional float tensor): a learner may count with NumPy or PyTorch. A truth value, nan, an
+    infinity, a fraction, a tensor of several values, one on the meta device, or anything else is the
+    answer's mistake, so Wrong with a hint, never an exception that would read as the check's own failure.
+    """
+    said = f"{name} should be a whole number, but it is {short_repr(value)}"
+    if isinstance(value, bool) or str(getattr(value, "dtype", "")) in ("bool", "torch.bool"):
+        raise Wrong(f"{said}, a truth value. Hint: return the count itself (an int).")
+    if getattr(value, "is_meta", False) is True:
+        raise Wrong(f"{said}, a tensor on PyTorch's meta device: it has a shape and a dtype but no value. "
+                    "Hint: compute the number with Python ints (e.g. math.prod(shape)), not with tensors.")
+    dimensions = getattr(value, "ndim", 0)
+    if isinstance(dimensions, int) and dimensions > 0:
+        raise Wrong(f"{said}, of type {type(value).__name__} and shape {tuple(value.shape)}. Hint: return one "
+                    "number; .item() gives the number in a 0-dimensional tensor or array.")
+    with contextlib.suppress(Exception):  # integral: int, NumPy integers, 0-d integer tensors and arrays
+        return operator.index(value)
+    if isinstance(value, (str, bytes)) or not hasattr(type(value), "__float__"):
+        raise Wrong(f"{said}, of type {type(value).__name__}. Hint: return a number (an int).")
+    if type(value).__module__.startswith("torch") and callable(getattr(value, "detach", None)):
+        value = value.detach()  # a tensor that requires grad converts with a warning that is not the learner's
+    try:
+        number = float(value)
+    except Exception as error:  # e.g. a complex number: not a count either
+        raise Wrong(f"{said}, which is not a real number ({describe_error(error)}). Hint: return an int.") from None
+    if math.isnan(number):
+        raise Wrong(f"{said}, which is not a number. Hint: nan comes from 0 / 0, inf - inf or a nan in what the "
+                    "code reads; a count made of whole numbers is never nan.")
+    if math.isinf(number):
+        raise Wrong(f"{said}, which is infinite. Hint: an infinity comes from a division by zero or a float "
+                    "overflow; count with Python ints, which never overflow.")
+    if not number.is_integer():
+        raise Wrong(f"{said}. Hint: a count is whole; where it comes from a division (/), decide whether it "
+                    "rounds up (math.ceil) or down (//).")
+    return int(number)
+
+
+def short_repr(value, limit=80):
+    """``repr(value)``, cut to ``limit`` characters (a learner's answer may be anything)."""
+    try:
+        shown = repr(value)
+    except Exception:
+        return f"a {type(value).__name__}"
+    return shown if len(shown) <= limit else shown[:limit - 3] + "..."
+
+
+def on_one_thread(judge):
+    """Run a judge on one CPU thread, and give the learner back their thread count after.
+
+    Shared by the practice checks of every lesson. They count bytes and operations on tiny tensors, never
+    time: threads only add overhead there, and on a busy machine threads that wait for each other made a
+    check ten times slower.
+    """
+    import torch  # here, not at the top: the verdicts themselves need no torch
+
+    @functools.wraps(judge)
+    def judged_on_one_thread(*args, **kwargs):
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return judge(*args, **kwargs)
+        finally:
+            torch.set_num_threads(threads)
+
+    return judged_on_one_thread
