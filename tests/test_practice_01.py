@@ -1,10 +1,14 @@
 """Practice 1 (gradient checkpointing): right answers written several ways pass; near misses are "not quite",
 each with a hint that names what the answer did."""
+import math
+import warnings
+
+import numpy as np
 import pytest
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, checkpoint_sequential
 
-from helpers.practice.verdicts import CHECK_FAILED, CORRECT, NOT_DONE, WRONG
+from helpers.practice.verdicts import CHECK_FAILED, CORRECT, NOT_DONE, WRONG, Wrong
 from helpers.practice import gradient_checkpointing as l1
 
 from practice_support import assert_verdict, draws_after_seeding
@@ -17,7 +21,10 @@ RIGHT = {"kept_KiB": 256, "A_runs": 1, "B_runs": 1}
 
 
 @pytest.mark.parametrize("prediction", [RIGHT, {"kept_KiB": 256.0, "A_runs": 1.0, "B_runs": 1},
-                                        {"B_runs": 1, "A_runs": 1, "kept_KiB": 2 * 128}])
+                                        {"B_runs": 1, "A_runs": 1, "kept_KiB": 2 * 128},
+                                        # numbers computed with numpy or torch
+                                        {"kept_KiB": np.int64(256), "A_runs": np.int64(1), "B_runs": np.int64(1)},
+                                        {"kept_KiB": torch.tensor(256), "A_runs": 1, "B_runs": 1}])
 def test_1_1_accepts_the_measured_values(prediction):
     assert_verdict(l1.check_region_before_b_prediction.verdict(prediction), CORRECT,
                    "256 KiB kept", "sin 1x", "addmm 1x", "early stop", "same bytes as without checkpointing")
@@ -43,6 +50,13 @@ def test_1_1_the_right_answer_is_what_the_graph_does():
     ({"kept_KiB": 384, "A_runs": 1, "B_runs": 1}, "kept_KiB", ["less stays", "save C"]),
     # B recomputed although it is outside the region
     ({"kept_KiB": 256, "A_runs": 1, "B_runs": 2}, "B_runs", ["computed outside the region"]),
+    # the reviewer's: the right bytes, given in bytes; four tensors (x or W counted too); sin never run, run thrice
+    ({"kept_KiB": 262144, "A_runs": 1, "B_runs": 1}, "kept_KiB", ["is a number of bytes", "1 KiB = 1024 bytes"]),
+    ({"kept_KiB": 384 * 1024, "A_runs": 1, "B_runs": 1}, "kept_KiB", ["is a number of bytes"]),
+    ({"kept_KiB": 512, "A_runs": 1, "B_runs": 1}, "kept_KiB",
+     ["Count only the tensors created in this forward", "x, W and b existed before", "C is read by no backward"]),
+    ({"kept_KiB": 256, "A_runs": 0, "B_runs": 1}, "A_runs", ["count forward once"]),
+    ({"kept_KiB": 256, "A_runs": 3, "B_runs": 1}, "A_runs", ["count forward once"]),
 ])
 def test_1_1_near_misses_are_not_quite_and_say_why(prediction, off, fragments):
     verdict = l1.check_region_before_b_prediction.verdict(prediction)
@@ -55,6 +69,14 @@ def test_1_1_near_misses_are_not_quite_and_say_why(prediction, off, fragments):
     ({"kept": 256, "A_runs": 1, "B_runs": 1}, '"kept_KiB", "A_runs" and "B_runs"'),
     ({"kept_KiB": "256", "A_runs": 1, "B_runs": 1}, "whole number"),
     ({"kept_KiB": 256.5, "A_runs": 1, "B_runs": 1}, "whole number"),
+    # the reviewer's: nan and inf are wrong answers, not a failure of the check; a MiB fraction; a negative count
+    ({"kept_KiB": float("nan"), "A_runs": 1, "B_runs": 1}, 'prediction["kept_KiB"] should be a whole number'),
+    ({"kept_KiB": float("inf"), "A_runs": 1, "B_runs": 1}, 'prediction["kept_KiB"] should be a whole number'),
+    ({"kept_KiB": 256, "A_runs": float("nan"), "B_runs": 1}, 'prediction["A_runs"] should be a whole number'),
+    ({"kept_KiB": 0.25, "A_runs": 1, "B_runs": 1}, "looks like MiB"),
+    ({"kept_KiB": -256, "A_runs": 1, "B_runs": 1}, "kept_KiB cannot be negative"),
+    ({"kept_KiB": 256, "A_runs": True, "B_runs": True}, "whole number"),
+    ({"kept_KiB": 256, "A_runs": 1, "B_runs": 1, "C_runs": 1}, '"kept_KiB", "A_runs" and "B_runs"'),
 ])
 def test_1_1_malformed_predictions(prediction, fragment):
     assert_verdict(l1.check_region_before_b_prediction.verdict(prediction), WRONG, fragment)
@@ -105,9 +127,73 @@ def test_1_2_accepts_the_fixed_switch(switch):
     (lambda m: setattr(m, "gradient_checkpointing", True), ["nothing changed"]),
     (lambda m: setattr(m.config, "gradient_checkpointing", True), ["nothing changed"]),
     (lambda m: m.enable_checkpointing(), ["AttributeError"]),
+    (lambda m: None, ["nothing changed", "called neither activation_checkpointing_enable nor its old name"]),
 ])
 def test_1_2_near_misses_are_not_quite_and_say_why(switch, fragments):
     assert_verdict(l1.check_switch_on_checkpointing.verdict(switch), WRONG, *fragments)
+
+
+def deprecated_name_warning_silenced(model):  # the reviewer's: the learner silences the FutureWarning
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=dict(NON_REENTRANT_NO_STASH))
+
+
+def enable_then_disable(model):
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs=NON_REENTRANT_NO_STASH)
+    model.activation_checkpointing_disable()
+
+
+def a_generator(model):
+    yield model.activation_checkpointing_enable(activation_checkpointing_kwargs=NON_REENTRANT_NO_STASH)
+
+
+def with_dropout_on(model):
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs=NON_REENTRANT_NO_STASH)
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.1
+
+
+@pytest.mark.parametrize("switch, fragments", [
+    (deprecated_name_warning_silenced, ["1 thing to fix", "you called gradient_checkpointing_enable, the deprecated"]),
+    # a misleading hint before: "Setting an attribute ... does not switch checkpointing on"
+    (enable_then_disable, ["nothing changed", "switched checkpointing on (activation_checkpointing_enable), then "
+                           "off again (activation_checkpointing_disable)"]),
+    (a_generator, ["nothing changed", "returned a generator, so its body never ran", "remove the yield"]),
+    # a misleading hint before: "some layers kept their activations ... every_n_layers must stay 1"
+    (with_dropout_on, ["switched dropout on in 6 layers", "p=0.1", "preserve_rng_state=False",
+                       "leave dropout at 0.0"]),
+    (lambda m: m.activation_checkpointing_enable(activation_checkpointing_kwargs=NON_REENTRANT_NO_STASH,
+                                                 every_n_layers=0), ["ZeroDivisionError", "every_n_layers=0"]),
+])
+def test_1_2_the_reviewers_near_misses_are_not_quite_and_say_why(switch, fragments):
+    verdict = l1.check_switch_on_checkpointing.verdict(switch)
+    assert_verdict(verdict, WRONG, *fragments)
+    assert "Setting an attribute" not in verdict.message and "every_n_layers must stay 1" not in verdict.message
+
+
+def deprecated_name_future_warnings_filtered(model):  # the reviewer's: a global filter, set inside the answer
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=dict(NON_REENTRANT_NO_STASH))
+
+
+@pytest.mark.parametrize("switch", [
+    lambda m: m.gradient_checkpointing_enable(gradient_checkpointing_kwargs=dict(NON_REENTRANT_NO_STASH)),
+    deprecated_name_future_warnings_filtered,
+])
+def test_1_2_the_deprecated_name_is_found_when_the_learner_ignores_every_warning(switch):
+    with warnings.catch_warnings():  # restores the filters the learner's code changes
+        warnings.simplefilter("ignore")  # as a notebook's first cell might
+        verdict = l1.check_switch_on_checkpointing.verdict(switch)
+    assert_verdict(verdict, WRONG, "deprecated name", "activation_checkpointing_enable")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="offload fails only without an accelerator")
+def test_1_2_offload_on_a_cpu_machine_is_explained():
+    switch = lambda m: m.activation_checkpointing_enable(activation_checkpointing_kwargs=NON_REENTRANT_NO_STASH,
+                                                         offload=True)
+    assert_verdict(l1.check_switch_on_checkpointing.verdict(switch), WRONG, "pin_memory", "leave offload at False")
 
 
 def test_1_2_not_done_yet():
@@ -184,6 +270,39 @@ def test_1_3_near_misses_are_not_quite_and_say_why(policy, fragments):
     assert_verdict(l1.check_gated_block_policy.verdict(policy), WRONG, *fragments)
 
 
+def first_two_matmuls_ever():
+    """The reviewer's: a counter never reset saves gate and up in the first forward only."""
+    seen = []
+
+    def policy(ctx, op, *args, **kwargs):
+        if op == aten.addmm.default:
+            seen.append(op)
+            return len(seen) <= 2
+        return False
+
+    return policy
+
+
+@pytest.mark.parametrize("policy, fragments", [
+    # made the check fail inside itself before (IndexError)
+    (first_two_matmuls_ever(), ["decided differently each time the block ran forward", "saved gate and up in the "
+                                "first forward, then no tensor", "a counter that is never reset"]),
+    # misleading before: "compare op with aten.addmm.default, not torch.addmm"
+    (lambda ctx, op, *args, **kwargs: op in (aten.silu.default, aten.mul.Tensor),
+     ["ran 2 matmuls again", "saved silu(gate) and silu(gate) * up", "does not replace them"]),
+    (lambda ctx, op, *args, **kwargs: op == aten.silu.default, ["ran 2 matmuls again", "saved silu(gate)",
+                                                                "does not replace them"]),
+    (lambda ctx, op, *args, **kwargs: (CheckpointPolicy.MUST_CPU_OFFLOAD
+                                       if op == aten.addmm.default and ctx.op_output.shape[-1] == 256
+                                       else CheckpointPolicy.PREFER_RECOMPUTE),
+     ["ran 2 matmuls again", "returned MUST_CPU_OFFLOAD for gate and up", "offload included", "return MUST_SAVE"]),
+])
+def test_1_3_the_reviewers_near_misses_are_not_quite_and_say_why(policy, fragments):
+    verdict = l1.check_gated_block_policy.verdict(policy)
+    assert_verdict(verdict, WRONG, *fragments)
+    assert "torch.addmm)" not in verdict.message
+
+
 def test_1_3_not_done_yet():
     def keep_what_backward_reads(ctx, op, *args, **kwargs):
         ...
@@ -222,10 +341,24 @@ def as_sequentials(blocks, h, segments):  # nn.Sequential segments, longest last
     return h
 
 
-@pytest.mark.parametrize("forward", [l1.every_segment_checkpointed, longest_first, by_rounded_bounds, as_sequentials])
+def by_array_split(blocks, h, segments):  # numpy's sizes, each segment an nn.Sequential
+    for indices in np.array_split(np.arange(len(blocks)), segments):
+        h = checkpoint(torch.nn.Sequential(*[blocks[int(i)] for i in indices]), h, use_reentrant=False)
+    return h
+
+
+def by_floor_bounds(blocks, h, segments):
+    bounds = [i * len(blocks) // segments for i in range(segments + 1)]
+    for start, end in zip(bounds, bounds[1:]):
+        h = checkpoint(run, blocks[start:end], h, use_reentrant=False)
+    return h
+
+
+@pytest.mark.parametrize("forward", [l1.every_segment_checkpointed, longest_first, by_rounded_bounds, as_sequentials,
+                                     by_array_split, by_floor_bounds])
 def test_1_4_accepts_balanced_checkpointed_segments(forward):
     assert_verdict(l1.check_checkpointed_segments.verdict(forward), CORRECT,
-                   "with 7 blocks in 3 segments, as with 8 in 4", "192 KiB kept", "identical gradients")
+                   "with 6 blocks in 4 segments, as with 8 in 4 and 7 in 3", "256 KiB kept", "identical gradients")
 
 
 def lesson_segments(blocks, h, segments):  # the lesson's `range(0, N_BLOCKS, SEGMENT)`: 2, 2, 2, 1 for 7 in 3
@@ -287,6 +420,135 @@ def test_1_4_near_misses_are_not_quite_and_say_why(forward, fragments):
     assert_verdict(l1.check_checkpointed_segments.verdict(forward), WRONG, *fragments)
 
 
+def by_chunk(blocks, h, segments):  # the reviewer's: torch.chunk makes 3, 3, 1 of 7 in 3 (and 3 chunks of 6 in 4)
+    for indices in torch.chunk(torch.arange(len(blocks)), segments):
+        h = checkpoint(run, blocks[int(indices[0]):int(indices[-1]) + 1], h, use_reentrant=False)
+    return h
+
+
+def by_ceil(blocks, h, segments):  # the reviewer's: pieces of ceil(n / segments), 3, 3, 1 of 7 in 3
+    size = math.ceil(len(blocks) / segments)
+    for start in range(0, len(blocks), size):
+        h = checkpoint(run, blocks[start:start + size], h, use_reentrant=False)
+    return h
+
+
+def last_takes_the_rest(blocks, h, segments):  # 2, 2, 3 of 7 in 3 and 2, 2, 2, 2 of 8 in 4, but 1, 1, 1, 3 of 6 in 4
+    size = len(blocks) // segments
+    for i in range(segments):
+        end = len(blocks) if i == segments - 1 else (i + 1) * size
+        h = checkpoint(run, blocks[i * size:end], h, use_reentrant=False)
+    return h
+
+
+def late_binding_after_the_loop(blocks, h, segments):  # the reviewer's: backward runs blocks[end:end], nothing
+    start = 0
+    for size in l1.balanced_sizes(len(blocks), segments):
+        end = start + size
+        h = checkpoint(lambda x: run(blocks[start:end], x), h, use_reentrant=False)
+        start = end
+    return h
+
+
+def late_binding_in_zip(blocks, h, segments):  # backward runs the last segment's blocks, every time
+    bounds = [i * len(blocks) // segments for i in range(segments + 1)]
+    for start, end in zip(bounds, bounds[1:]):
+        h = checkpoint(lambda x: run(blocks[start:end], x), h, use_reentrant=False)
+    return h
+
+
+def per_block_inside_segments(blocks, h, segments):  # the reviewer's: nested checkpoints
+    def segment_of_checkpoints(part, x):
+        for block in part:
+            x = checkpoint(block, x, use_reentrant=False)
+        return x
+
+    start = 0
+    for size in l1.balanced_sizes(len(blocks), segments):
+        h = checkpoint(segment_of_checkpoints, blocks[start:start + size], h, use_reentrant=False)
+        start += size
+    return h
+
+
+def reentrant_with_h_requiring_grad(blocks, h, segments):  # the reviewer's: changes the caller's h
+    h.requires_grad_()
+    start = 0
+    for size in l1.balanced_sizes(len(blocks), segments):
+        h = checkpoint(run, blocks[start:start + size], h, use_reentrant=True)
+        start += size
+    return h
+
+
+def reentrant_on_a_leaf_copy(blocks, h, segments):
+    h = h.detach().requires_grad_()
+    start = 0
+    for size in l1.balanced_sizes(len(blocks), segments):
+        h = checkpoint(run, blocks[start:start + size], h, use_reentrant=True)
+        start += size
+    return h
+
+
+def one_block_segments_unwrapped(blocks, h, segments):  # "a one-block segment is not worth a checkpoint"
+    start = 0
+    for size in l1.balanced_sizes(len(blocks), segments):
+        part = blocks[start:start + size]
+        h = run(part, h) if size == 1 else checkpoint(run, part, h, use_reentrant=False)
+        start += size
+    return h
+
+
+@pytest.mark.parametrize("forward, fragments", [
+    # fooled the check before (correct): unbalanced, the right count of segments
+    (by_chunk, ["7 blocks and segments=3", "your segments have 3, 3 and 1 blocks", "differ by at most one",
+                "2, 2 and 3, in any order", "Pieces of ceil(7 / 3) = 3 blocks leave the last one short"]),
+    (by_ceil, ["7 blocks and segments=3", "3, 3 and 1 blocks", "differ by at most one"]),
+    (last_takes_the_rest, ["6 blocks and segments=4", "1, 1, 1 and 3 blocks", "the longest (3 blocks) sets the peak",
+                           "none longer than 2 blocks (1, 1, 2 and 2, in any order)"]),
+    # fooled the check before (correct): every block recomputed twice, or some
+    (per_block_inside_segments, ["8 blocks and segments=4", "not each block once",
+                                 "A checkpoint inside another checkpoint's region"]),
+    (lambda blocks, h, segments: checkpoint(l1.every_segment_checkpointed, blocks, h, segments, use_reentrant=False),
+     ["8 blocks and segments=4", "not each block once", "none around them all"]),
+    # misleading before: "the longest (2 blocks) sets the peak; balance them"
+    (reentrant_with_h_requiring_grad, ["8 blocks and segments=4", "made the check's h require a gradient",
+                                       "The reentrant checkpoint you ran", "pass use_reentrant=False"]),
+    (reentrant_on_a_leaf_copy, ["8 blocks and segments=4", "ran the reentrant checkpoint (use_reentrant=True)",
+                                "pass use_reentrant=False"]),
+    # misleading before: "run it on its own", with no case; or "do not detach h"
+    (late_binding_after_the_loop, ["with 8 blocks and segments=4, calling checkpointed_forward", "CheckpointError",
+                                   "A lambda or def made inside the loop", "part=blocks[start:end]"]),
+    (late_binding_in_zip, ["8 blocks and segments=4", "gradients differ", "recomputed blocks 6 and 7 4 times each "
+                           "and blocks 0, 1, 2, 3, 4 and 5 never", "A lambda or def made inside the loop"]),
+    (lambda blocks, h, segments: run(blocks, h.T), ["with 8 blocks and segments=4, calling checkpointed_forward "
+                                                     "raised RuntimeError"]),
+    (one_block_segments_unwrapped, ["6 blocks and segments=4", "blocks 0 and 1 ran outside any checkpoint",
+                                    "each needs its checkpoint too"]),
+])
+def test_1_4_the_reviewers_near_misses_are_not_quite_and_say_why(forward, fragments):
+    assert_verdict(l1.check_checkpointed_segments.verdict(forward), WRONG, *fragments)
+
+
+@pytest.mark.parametrize("n_blocks, segments, fragments", [
+    (6, 4, ["3 checkpointed regions of 2, 2 and 2 blocks, not 4", "1 block per segment leaves 2 over",
+            "pieces of ceil(6 / 4) = 2 blocks make only 3"]),
+    (9, 4, ["3 checkpointed regions of 3, 3 and 3 blocks, not 4", "pieces of ceil(9 / 4) = 3 blocks make only 3"]),
+])
+@l1.on_one_thread
+def test_1_4_chunks_that_make_too_few_segments_are_told_so(n_blocks, segments, fragments):
+    """The reviewer's cases: torch.chunk makes fewer segments; no longer region is blamed, none is longer."""
+    with pytest.raises(Wrong) as wrong:
+        l1.judge_stack_case(by_chunk, n_blocks, segments)
+    assert all(fragment in str(wrong.value) for fragment in fragments), str(wrong.value)
+    assert "a longer region" not in str(wrong.value)
+
+
+def test_1_4_a_detached_output_is_called_detached():  # misleading before: "do not run the blocks under torch.no_grad()"
+    verdict = l1.check_checkpointed_segments.verdict(
+        lambda blocks, h, segments: l1.every_segment_checkpointed(blocks, h, segments).detach())
+    assert_verdict(verdict, WRONG, "does not require a gradient", "ran with autograd on", "output.detach()")
+    assert "no_grad" not in verdict.message
+
+
 def test_1_4_not_done_yet():
     def checkpointed_forward(blocks, h, segments):
         return ...
@@ -294,13 +556,15 @@ def test_1_4_not_done_yet():
     assert_verdict(l1.check_checkpointed_segments.verdict(checkpointed_forward), NOT_DONE, "`...`")
 
 
+@pytest.mark.parametrize("n_blocks, segments", l1.STACK_CASES)
 @l1.on_one_thread
-def test_1_4_the_reference_peaks_highest_of_the_balanced_orders():
+def test_1_4_the_reference_peaks_highest_of_the_balanced_orders(n_blocks, segments):
     """The tolerance on the peak is measured against the balanced order with the highest peak."""
-    blocks, h = l1.stack_case(7)
-    peaks = {forward.__name__: l1.stack_measurements(forward, blocks, h, 3)[0].peak_activation_bytes
-             for forward in (l1.every_segment_checkpointed, longest_first, by_rounded_bounds)}
-    assert max(peaks, key=peaks.get) == "every_segment_checkpointed" and len(set(peaks.values())) == 3
+    blocks, h = l1.stack_case(n_blocks)
+    peaks = {forward.__name__: l1.stack_measurements(forward, blocks, h, segments)[0].peak_activation_bytes
+             for forward in (l1.every_segment_checkpointed, longest_first, by_rounded_bounds, by_array_split)}
+    assert peaks["every_segment_checkpointed"] == max(peaks.values())
+
 
 
 # --- all checks ------------------------------------------------------------------------------------------

@@ -4,7 +4,9 @@ Each check runs the learner's answer and the intended answer the same way, and j
 what it does against what the intended one does: bytes kept for backward, matrix multiplies run again,
 layers checkpointed, gradients. The hints explain what the answer did, from the same measurements.
 """
+import contextlib
 import functools
+import inspect
 import math
 from functools import partial
 from unittest import mock
@@ -13,29 +15,11 @@ import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from helpers.memory import count_ops, measure_memory
-from helpers.practice.verdicts import (Wrong, call_learner, checker, explaining_warnings, require_callable,
-                                      require_done, whole_number)
+from helpers.practice.verdicts import (Wrong, call_learner, checker, explaining_warnings, on_one_thread,
+                                      require_callable, require_done, whole_number)
 from helpers.units import KiB
 
 SAVE_POLICIES = (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE)
-
-
-def on_one_thread(judge):
-    """Run a judge on one CPU thread, and give the learner back their thread count after.
-
-    The checks count bytes and operations on tiny tensors, never time: threads only add overhead there, and
-    on a busy machine threads that wait for each other made a check ten times slower.
-    """
-    @functools.wraps(judge)
-    def judged_on_one_thread(*args, **kwargs):
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return judge(*args, **kwargs)
-        finally:
-            torch.set_num_threads(threads)
-
-    return judged_on_one_thread
 
 
 def plural(count, word):
@@ -101,21 +85,36 @@ def check_region_before_b_prediction(prediction):
     if not isinstance(prediction, dict) or set(prediction) != set(keys):
         raise Wrong('prediction should be a dict with the keys "kept_KiB", "A_runs" and "B_runs", '
                     'e.g. {"kept_KiB": 0, "A_runs": 1, "B_runs": 1}.')
+    kept = prediction["kept_KiB"]
+    if isinstance(kept, float) and 0 < kept < 1:
+        raise Wrong(f'prediction["kept_KiB"] should be a whole number of KiB, but it is {kept}: a fraction below 1 '
+                    "looks like MiB. Hint: kept_KiB is in KiB (1 MiB = 1024 KiB).")
     predicted = {key: whole_number(prediction[key], f'prediction["{key}"]') for key in keys}
     measured = region_before_b_measurements()
     kib = measured["tensor_KiB"]
     if measured["kept_KiB"] != 2 * kib:  # the hints below explain A and B kept: make sure that is what ran
         raise RuntimeError(f"exercise 1.1's graph kept {measured['kept_KiB']} KiB, not A and B ({2 * kib} KiB)")
+    negative = [key for key in keys if predicted[key] < 0]
+    if negative:
+        raise Wrong(f"{listed(negative)} cannot be negative: kept_KiB counts KiB that stay for backward, A_runs "
+                    "and B_runs count how many times an op runs.")
     hints = {}  # what is off in the prediction -> why, without giving the measured value away
-    if predicted["kept_KiB"] < measured["kept_KiB"]:
+    if predicted["kept_KiB"] >= KiB * kib and predicted["kept_KiB"] % (KiB * kib) == 0:
+        hints["kept_KiB"] = (f"{predicted['kept_KiB']} is a number of bytes (a whole number of {kib} KiB tensors "
+                             f"times {KiB}): kept_KiB is in KiB, 1 KiB = {KiB} bytes.")
+    elif predicted["kept_KiB"] < measured["kept_KiB"]:
         hints["kept_KiB"] = (
             ("you predicted that nothing stays. " if predicted["kept_KiB"] == 0 else
              f"you counted one tensor of {kib} KiB. " if predicted["kept_KiB"] == kib else "")
             + "More stays: checkpoint drops only what is saved *inside* its region, and mul, outside it, "
             "saves both of its inputs (dC/dA = B, dC/dB = A). Is A dropped when A is the region's output?")
+    elif predicted["kept_KiB"] == measured["kept_KiB"] + kib:  # A, B and C: one tensor too many
+        hints["kept_KiB"] = ("less stays than you predicted: you counted one tensor too many. Which op would "
+                             "save C, when the backward of sum needs no input?")
     elif predicted["kept_KiB"] > measured["kept_KiB"]:
-        hints["kept_KiB"] = ("less stays than you predicted: which op would save C, when the backward of sum "
-                             "needs no input?")
+        hints["kept_KiB"] = ("less stays than you predicted. Count only the tensors created in this forward "
+                             "that some op's backward reads: x, W and b existed before and do not count, and "
+                             "C is read by no backward (sum's backward needs no input).")
     if predicted["A_runs"] != measured["A_runs"]:
         hints["A_runs"] = (
             f"{predicted['A_runs']} would be right without early stop. With it (the default), the "
@@ -197,6 +196,59 @@ def switch_reference():
     return batch, before.saved_bytes, reference.saved_bytes, gradients
 
 
+SWITCHES = ("activation_checkpointing_enable", "gradient_checkpointing_enable",  # today's name, then the old one
+            "activation_checkpointing_disable", "gradient_checkpointing_disable")
+
+
+@contextlib.contextmanager
+def recording_switches():
+    """Record, in order, which of PreTrainedModel's checkpointing switches the code inside calls.
+
+    Only the calls the code makes itself: the old names call today's (transformers/modeling_utils.py,
+    gradient_checkpointing_enable), and that inner call is not the learner's. The check must not rely on
+    the old name's FutureWarning alone: a learner's warnings filter can silence it. Each switch is replaced
+    on the class by a function, so ``_is_overridden`` (which compares ``__func__`` with the class
+    attribute) still sees no override and the switches run as they would.
+    """
+    from transformers import PreTrainedModel
+
+    calls, depth = [], [0]
+
+    def recorded(name, original):
+        def switch(self, *args, **kwargs):
+            if depth[0] == 0:
+                calls.append(name)
+            depth[0] += 1
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                depth[0] -= 1
+
+        return functools.wraps(original)(switch)
+
+    with contextlib.ExitStack() as patches:
+        for name in SWITCHES:
+            switch = recorded(name, getattr(PreTrainedModel, name))
+            patches.enter_context(mock.patch.object(PreTrainedModel, name, switch))
+        yield calls
+
+
+def dropout_on(model):
+    """[(name, p)] of each of the model's dropout layers that drops something."""
+    return [(name, module.p) for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Dropout) and module.p > 0]
+
+
+SWITCH_ERROR_HINTS = (
+    ("pin_memory", "offload=True asks Transformers to copy what checkpoint keeps to pinned host memory "
+                   "(torch.autograd.graph.save_on_cpu), which needs an accelerator; the colleague asked for "
+                   "nothing of the sort: leave offload at False, its default."),
+    ("ZeroDivisionError", "did you pass every_n_layers=0? Transformers checkpoints the layers whose index is a "
+                          "multiple of every_n_layers (layer_index % every_n_layers), so it must be at least 1; "
+                          "every layer is every_n_layers=1, its default."),
+)
+
+
 @checker("1.2")
 @on_one_thread
 def check_switch_on_checkpointing(switch_on_checkpointing):
@@ -207,10 +259,13 @@ def check_switch_on_checkpointing(switch_on_checkpointing):
     batch, before_bytes, reference_bytes, reference_grads = switch_reference()
     model = build_model("tiny", seed=0).train()
     with explaining_warnings("gradient_checkpointing_enable", "use_reentrant") as explained:
-        call_learner(switch_on_checkpointing, model, name="switch_on_checkpointing")
+        with recording_switches() as switches_called:
+            returned = call_learner(switch_on_checkpointing, model, name="switch_on_checkpointing",
+                                    hints=SWITCH_ERROR_HINTS)
         model.train()  # the exercise is the switch, not the mode: a forgotten model.eval() is not judged here
         yours, rng_copies = call_learner(run_and_count_rng_copies, model, batch,
-                                         name="the model's forward and backward after switch_on_checkpointing")
+                                         name="the model's forward and backward after switch_on_checkpointing",
+                                         hints=SWITCH_ERROR_HINTS)
         try:
             grads = gradients_by_autograd_grad(model, batch)
             reentrant_error = None
@@ -220,29 +275,50 @@ def check_switch_on_checkpointing(switch_on_checkpointing):
                             f"{str(error).splitlines()[0]}. Hint: run it on its own to see the full "
                             "error.") from None
             grads, reentrant_error = None, error
-    deprecated = any("gradient_checkpointing_enable" in str(w.message) for w in explained)
+    deprecated = ("gradient_checkpointing_enable" in switches_called
+                  or any("gradient_checkpointing_enable" in str(w.message) for w in explained))
     torch_warned = any("use_reentrant" in str(w.message) for w in explained)
+    layers = checkpointed_layers(model)
 
     if yours.saved_bytes >= 0.9 * before_bytes:
-        raise Wrong(f"nothing changed: {before_bytes / KiB:.0f} KiB kept for backward without checkpointing, "
-                    f"{yours.saved_bytes / KiB:.0f} KiB after your call. Setting an attribute (on the model or its "
-                    "config) does not switch checkpointing on. Hint: call the model's method that enables it, "
-                    "model.activation_checkpointing_enable(...).")
+        nothing = (f"nothing changed: {before_bytes / KiB:.0f} KiB kept for backward without checkpointing, "
+                   f"{yours.saved_bytes / KiB:.0f} KiB after your call, and {sum(layers.values())} of the "
+                   f"{len(layers)} layers checkpointed")
+        enabled = [name for name in switches_called if name.endswith("enable")]
+        if inspect.isgenerator(returned):
+            raise Wrong(f"{nothing}: switch_on_checkpointing returned a generator, so its body never ran (a "
+                        "function with yield in it runs only when something iterates over what it returns). "
+                        "Hint: remove the yield; call the switch directly.")
+        if enabled and switches_called[-1].endswith("disable"):
+            raise Wrong(f"{nothing}: your function switched checkpointing on ({enabled[-1]}), then off again "
+                        f"({switches_called[-1]}). Hint: leave it on: the one call it needs is "
+                        "model.activation_checkpointing_enable(...).")
+        if not enabled:
+            raise Wrong(f"{nothing}: your function called neither activation_checkpointing_enable nor its "
+                        "old name (and setting an attribute, on the model or its config, switches nothing on). "
+                        "Hint: call the model's method that enables it, model.activation_checkpointing_enable(...).")
+        raise Wrong(f"{nothing}, although your function called {enabled[-1]}. Hint: call it on the model your "
+                    "function is given, and change nothing else.")
+    dropping = dropout_on(model)
+    if dropping:
+        (first, p), more = dropping[0], len(dropping) - 1
+        raise Wrong(f"your function switched dropout on in {plural(len(dropping), 'layer')} ({first}: p={p}"
+                    + (f", and {more} more" if more else "") + "), where the tiny model has none. It "
+                    "changes what the model computes, dropout outside the checkpointed layers keeps its masks "
+                    "for backward, and with preserve_rng_state=False a recomputed layer would draw other masks "
+                    "than its forward did. Hint: change only the checkpointing switch; leave dropout at 0.0.")
     problems = []
     if deprecated:
         problems.append("you called gradient_checkpointing_enable, the deprecated name (Transformers warns that "
                         "it goes in v6): the exercise asks for today's name, activation_checkpointing_enable; its "
                         "keyword is activation_checkpointing_kwargs")
-    layers = checkpointed_layers(model)
-    if yours.saved_bytes > 1.01 * reference_bytes:
-        off = [name for name, on in layers.items() if not on]
-        which = (f"{len(off)} of the {len(layers)} layers ({listed(off)}) ran without a checkpoint and kept "
-                 f"{'its' if len(off) == 1 else 'their'} activations" if off else
-                 "some layers kept their activations")
-        problems.append(f"{which}: {yours.saved_bytes / KiB:.0f} KiB kept for backward, against "
-                        f"{reference_bytes / KiB:.0f} KiB with every layer checkpointed. The exercise asks "
-                        "for every layer: every_n_layers must stay 1 (its default; every_n_layers=2 checkpoints "
-                        "only every second layer)")
+    off = [name for name, on in layers.items() if not on]
+    if yours.saved_bytes > 1.01 * reference_bytes and off:
+        problems.append(f"{len(off)} of the {len(layers)} layers ({listed(off)}) ran without a checkpoint and kept "
+                        f"{'its' if len(off) == 1 else 'their'} activations: {yours.saved_bytes / KiB:.0f} KiB "
+                        f"kept for backward, against {reference_bytes / KiB:.0f} KiB with every layer "
+                        "checkpointed. The exercise asks for every layer: every_n_layers must stay 1 (its "
+                        "default; every_n_layers=2 checkpoints only every second layer)")
     if reentrant_error is not None:
         cause = ("your activation_checkpointing_kwargs replaced Transformers' default {'use_reentrant': False} "
                  "instead of adding to it, and PyTorch, told nothing, took its old reentrant checkpoint (it "
@@ -262,9 +338,10 @@ def check_switch_on_checkpointing(switch_on_checkpointing):
         raise Wrong("the gradients changed. Hint: switching checkpointing on must not change what the model "
                     "computes.")
     if abs(yours.saved_bytes - reference_bytes) > 0.01 * reference_bytes:
-        raise Wrong(f"it kept {yours.saved_bytes / KiB:.0f} KiB for backward, against {reference_bytes / KiB:.0f} "
-                    "KiB with every layer checkpointed. Hint: switch it on with activation_checkpointing_enable, "
-                    "and change nothing else in the model.")
+        raise Wrong(f"every layer has its checkpoint on, yet it kept {yours.saved_bytes / KiB:.0f} KiB for "
+                    f"backward, against {reference_bytes / KiB:.0f} KiB with the intended switch: something else "
+                    "your function changed in the model keeps more or less. Hint: switch it on with "
+                    "activation_checkpointing_enable, and change nothing else in the model.")
     return (f"{sum(layers.values())} of {len(layers)} layers checkpointed: {yours.saved_bytes / KiB:.0f} KiB kept "
             f"for backward instead of {before_bytes / KiB:.0f} KiB, the random-number state never copied, and "
             "torch.autograd.grad "
@@ -349,8 +426,12 @@ def gated_reference():
 
 
 def recording(policy):
-    """Wrap the learner's policy: remember what it returned for each op, in order, and reject non-policies."""
-    decisions = []
+    """Wrap the learner's policy: remember what it returned for each op, forward by forward, and reject non-policies.
+
+    Returns (the wrapped policy, a function that runs a loss as a new forward, the forwards' decisions: one
+    list of (op name, CheckpointPolicy) per forward, in order).
+    """
+    forwards = []
 
     def recorded(ctx, op, *args, **kwargs):
         decision = policy(ctx, op, *args, **kwargs)
@@ -360,19 +441,37 @@ def recording(policy):
             raise Wrong(f"your policy returned {decision!r} for {op}; it must return a CheckpointPolicy, e.g. "
                         "CheckpointPolicy.MUST_SAVE or CheckpointPolicy.PREFER_RECOMPUTE, for every op. "
                         "Hint: is there a return on every path?")
-        decisions.append((op.overloadpacket.__name__, decision in SAVE_POLICIES))
+        forwards[-1].append((op.overloadpacket.__name__, decision))
         return decision
 
-    return recorded, decisions
+    def as_new_forward(loss_fn):
+        def loss():
+            forwards.append([])
+            return loss_fn()
+        return loss
+
+    return recorded, as_new_forward, forwards
+
+
+def tensor_decisions(decisions):
+    """{name (from GATED_TENSORS): CheckpointPolicy} of one forward's decisions, in the block's order."""
+    making = [(name, decision) for name, decision in decisions if name != "t"]  # `t` views a weight: no memory
+    if [name for name, _ in making] != [op for op, _ in GATED_TENSORS]:
+        raise RuntimeError(f"the gated block ran {[name for name, _ in making]}, "
+                           f"not {[op for op, _ in GATED_TENSORS]}")
+    return {tensor: decision for (_, tensor), (_, decision) in zip(GATED_TENSORS, making)}
 
 
 def saved_tensor_names(decisions):
     """The names (from GATED_TENSORS) of the block's tensors that one forward's decisions saved."""
-    making = [(name, saved) for name, saved in decisions if name != "t"]  # `t` views a weight: no new memory
-    if [name for name, _ in making] != [op for op, _ in GATED_TENSORS]:
-        raise RuntimeError(f"the gated block ran {[name for name, _ in making]}, "
-                           f"not {[op for op, _ in GATED_TENSORS]}")
-    return [tensor for (_, tensor), (_, saved) in zip(GATED_TENSORS, making) if saved]
+    return [tensor for tensor, decision in tensor_decisions(decisions).items() if decision in SAVE_POLICIES]
+
+
+def described_saves(saved):
+    return f"saved {listed(saved)}" if saved else "saved no tensor"
+
+
+OFFLOAD_POLICIES = (CheckpointPolicy.MUST_CPU_OFFLOAD, CheckpointPolicy.PREFER_CPU_OFFLOAD)
 
 
 @checker("1.3")
@@ -381,28 +480,49 @@ def check_gated_block_policy(policy):
     """``policy(ctx, op, *args, **kwargs)``: no matmul run again in backward, nothing kept that backward won't read."""
     require_callable(policy, "keep_what_backward_reads")
     example = GatedExample()
-    recorded, decisions = recording(policy)
-    yours_loss = partial(example.loss, recorded)
-    grads = call_learner(example.gradients, yours_loss, name="keep_what_backward_reads (inside checkpoint)")
-    # one forward so far: the policy runs in forward only, never in the recomputation (torch/utils/checkpoint.py,
-    # SelectiveCheckpointContext's docstring), so it decided each op of the block once
-    saved = saved_tensor_names(decisions)
+    recorded, as_new_forward, forwards = recording(policy)
+    yours_loss = as_new_forward(partial(example.loss, recorded))
+    name = "keep_what_backward_reads (inside checkpoint)"
+    grads = call_learner(example.gradients, yours_loss, name=name)
+    reference_kept, reference_rerun, without_kept = gated_reference()
+    kept, rerun = call_learner(example.measure, yours_loss, name=name)
+    # the policy runs in forward only, never in the recomputation (torch/utils/checkpoint.py,
+    # SelectiveCheckpointContext's docstring): each forward above decided each op of the block once
+    saves = [saved_tensor_names(decisions) for decisions in forwards]
+    if any(later != saves[0] for later in saves):
+        what = [listed(saved) if saved else "no tensor" for saved in saves]
+        raise Wrong(f"your policy decided differently each time the block ran forward: it saved {what[0]} in "
+                    f"the first forward, then {', then '.join(what[1:])}. It keeps something between calls "
+                    "(a counter that is never reset?), but PyTorch calls it for every op of every forward, and "
+                    "training runs the block's forward at every step. Hint: decide from op and ctx.op_output "
+                    "(or args) alone, the same way every time.")
+    saved, decided = saves[0], tensor_decisions(forwards[0])
     if not all(torch.allclose(g, r, atol=1e-6) for g, r in zip(grads, example.gradients(example.loss))):
         raise Wrong("the gradients differ from those without checkpointing. Hint: the policy must only decide "
                     "what to save; it must not change any tensor.")
-    reference_kept, reference_rerun, without_kept = gated_reference()
-    kept, rerun = example.measure(yours_loss)
     kib = example.ROWS * example.HIDDEN * 4 // KiB
-    said = f"your policy saved {listed(saved)}" if saved else "your policy saved no tensor"
     found, hints = [], []
     if rerun > reference_rerun:
         missing = sorted(NEEDED - set(saved))
-        found.append(f"backward ran {plural(rerun, 'matmul')} again ({said})")
+        if not missing:
+            raise RuntimeError(f"backward ran {rerun} matmuls again although the policy saved {saved}")
+        offloaded = [tensor for tensor, decision in decided.items() if decision in OFFLOAD_POLICIES]
+        found.append(f"backward ran {plural(rerun, 'matmul')} again (your policy {described_saves(saved)})")
+        if offloaded:
+            hints.append(f"your policy returned {listed(sorted({decided[t].name for t in offloaded}))} for "
+                         f"{listed(offloaded)}: outside torch.compile, selective checkpointing stores only what a "
+                         "policy marks MUST_SAVE or PREFER_SAVE and recomputes everything else, offload included "
+                         "(torch/utils/checkpoint.py, _CachingTorchDispatchMode); return MUST_SAVE")
         hints.append(f"silu's backward reads gate and mul's backward reads up: {listed(missing)} must be saved, "
                      f"or the recomputation runs {'its matmul' if len(missing) == 1 else 'their matmuls'} again")
-        if not any(name == "addmm" and is_saved for name, is_saved in decisions):
-            hints.append(f"your policy saw the ops {listed(sorted({name for name, _ in decisions}))}; a Linear "
-                         "runs as torch.ops.aten.addmm.default (compare op with it, not with torch.addmm)")
+        made_from_them = [tensor for tensor in saved if tensor in ("silu(gate)", "silu(gate) * up")]
+        if made_from_them:
+            hints.append(f"saving {listed(made_from_them)}, computed from gate and up, does not replace them: "
+                         "silu's and mul's backward still read gate and up themselves")
+        elif not saved and not offloaded:
+            ops_seen = sorted({name for decisions in forwards for name, _ in decisions})
+            hints.append(f"your policy saw the ops {listed(ops_seen)}; a Linear runs as "
+                         "torch.ops.aten.addmm.default (compare op with it, not with torch.addmm)")
     extra = [tensor for tensor in saved if tensor not in NEEDED]
     if kept > reference_kept * 1.01:
         found.append(f"{kept / KiB:.0f} KiB stayed for backward, against {reference_kept / KiB:.0f} KiB for gate "
@@ -430,7 +550,9 @@ def check_gated_block_policy(policy):
 # --- 1.4: a stack of gated blocks in segments --------------------------------------------------------
 
 STACK_WIDTH, STACK_HIDDEN, STACK_ROWS = 32, 128, 512
-STACK_CASES = [(8, 4), (7, 3)]  # (blocks, segments): one that divides evenly, one that does not
+# (blocks, segments): one that divides evenly, and two that do not: 7 in 3 leaves one block over, 6 in 4 two
+# (a last segment that takes the rest passes 7 in 3 as 2, 2, 3, but makes 1, 1, 1, 3 of 6 in 4)
+STACK_CASES = [(8, 4), (7, 3), (6, 4)]
 REENTRANT_WARNINGS = ("requires_grad=True", "use_reentrant")  # what PyTorch says when the reentrant path runs
 
 
@@ -461,33 +583,40 @@ def every_segment_checkpointed(blocks, h, segments):
 
 
 class BlockCalls:
-    """Records which blocks run during backward (recomputed), in order, through forward pre-hooks."""
+    """Records block calls through forward pre-hooks: whether autograd was on at each call in forward, and which
+    blocks ran during backward (recomputed), in order."""
 
     def __init__(self, blocks):
-        self.blocks, self.in_backward, self.recomputed = blocks, False, []
+        self.blocks, self.in_backward, self.recomputed, self.forward_grad_enabled = blocks, False, [], []
         self.handles = [block.register_forward_pre_hook(partial(self.called, i)) for i, block in enumerate(blocks)]
 
     def called(self, index, module, args):
         if self.in_backward:
             self.recomputed.append(index)
+        else:
+            self.forward_grad_enabled.append(torch.is_grad_enabled())
 
     def remove(self):
         for handle in self.handles:
             handle.remove()
 
-    def regions(self):
-        """The recomputed regions, each a list of consecutive block indices, in the stack's order."""
-        regions = []
-        for index in self.recomputed:
-            if regions and index == regions[-1][-1] + 1:
-                regions[-1].append(index)
-            else:
-                regions.append([index])
-        return sorted(regions)
+
+def recomputed_regions(recomputed):
+    """The recomputed regions, each a list of consecutive block indices, in the stack's order.
+
+    Backward recomputes the last segment first, so two segments never follow each other in index order.
+    """
+    regions = []
+    for index in recomputed:
+        if regions and index == regions[-1][-1] + 1:
+            regions[-1].append(index)
+        else:
+            regions.append([index])
+    return sorted(regions)
 
 
 def stack_measurements(forward, blocks, h, segments):
-    """(memory report, gradients, recomputed regions, blocks whose insides were kept) of forward + backward."""
+    """(memory report, gradients, blocks recomputed in backward in order, blocks whose insides were kept)."""
     blocks.zero_grad(set_to_none=True)
     calls = BlockCalls(blocks)
 
@@ -501,7 +630,7 @@ def stack_measurements(forward, blocks, h, segments):
     finally:
         calls.remove()
     insides_kept = [i for i in range(len(blocks)) if report.kept("silu", i)]
-    return report, [p.grad for p in blocks.parameters()], calls.regions(), insides_kept
+    return report, [p.grad for p in blocks.parameters()], calls.recomputed, insides_kept
 
 
 @checker("1.4")
@@ -529,14 +658,60 @@ def stack_case(n_blocks):
     return blocks, torch.randn(STACK_ROWS, STACK_WIDTH, generator=torch.Generator().manual_seed(1))
 
 
+def blocks_named(indices):
+    """``block 3``, ``blocks 0 and 1``."""
+    indices = list(indices)
+    return f"block{'' if len(indices) == 1 else 's'} {listed(map(str, indices))}"
+
+
+LATE_BINDING_HINT = ("a checkpoint must recompute exactly what it ran in forward. A lambda or def made inside the "
+                     "loop reads the loop's variables (start, end, the segment) when backward calls it, after the "
+                     "loop has moved on: pass the segment as an argument, checkpoint(run, blocks[start:end], h, "
+                     "use_reentrant=False), or bind it, lambda x, part=blocks[start:end]: run(part, x).")
+
+
+def recomputation_described(times, n_blocks):
+    """``blocks 6 and 7 4 times each, blocks 0, 1, 2, 3, 4 and 5 never``: how often backward recomputed each block."""
+    by_count = {}
+    for index in range(n_blocks):
+        by_count.setdefault(times.get(index, 0), []).append(index)
+    parts = []
+    for count, indices in sorted(by_count.items(), reverse=True):
+        each = "" if len(indices) == 1 else " each"
+        parts.append(f"{blocks_named(indices)} " + ("never" if count == 0 else
+                                                    "once" + each if count == 1 else "twice" + each if count == 2
+                                                    else f"{count} times{each}"))
+    return listed(parts)
+
+
+def ran_reentrant_checkpoint(output):
+    """Whether ``output``'s graph holds a reentrant checkpoint (its node is CheckpointFunction's backward)."""
+    seen, todo = set(), [output.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if type(node).__name__ == "CheckpointFunctionBackward":
+            return True
+        todo.extend(next_node for next_node, _ in node.next_functions)
+    return False
+
+
 def judge_stack_case(checkpointed_forward, n_blocks, segments):
     """The verdict's message for one (blocks, segments) case, or Wrong."""
     blocks, h = stack_case(n_blocks)
     case = f"with {n_blocks} blocks and segments={segments}"
     with torch.no_grad():
         expected_output = run_blocks(blocks, h)
-    with explaining_warnings(*REENTRANT_WARNINGS) as reentrant_warnings:
-        output = call_learner(checkpointed_forward, blocks, h, segments, name="checkpointed_forward")
+    forward_calls = BlockCalls(blocks)
+    try:
+        with explaining_warnings(*REENTRANT_WARNINGS) as reentrant_warnings:
+            output = call_learner(checkpointed_forward, blocks, h, segments, name="checkpointed_forward")
+    except Wrong as wrong:
+        raise Wrong(f"{case}, {wrong}") from None
+    finally:
+        forward_calls.remove()
     if not isinstance(output, torch.Tensor) or output.shape != expected_output.shape:
         raise Wrong(f"{case}, checkpointed_forward should return the last block's output, a tensor of shape "
                     f"{tuple(expected_output.shape)}, but returned {type(output).__name__}"
@@ -549,24 +724,44 @@ def judge_stack_case(checkpointed_forward, n_blocks, segments):
                       "the old reentrant path, which needs an input that requires grad, and h does not. Hint: pass "
                       "use_reentrant=False.")
     if not output.requires_grad:
+        ran_with_autograd = forward_calls.forward_grad_enabled and all(forward_calls.forward_grad_enabled)
         raise Wrong(f"{case}, its output does not require a gradient, so the blocks' weights cannot learn. " + (
             reentrant_hint if reentrant_warnings else
+            "The blocks ran with autograd on, but the tensor you returned is cut off from them: did you return "
+            "output.detach() (or .data)? Hint: return the last segment's output as checkpoint gives it."
+            if ran_with_autograd else
             "Hint: do not run the blocks under torch.no_grad(); checkpoint handles that itself."))
+    reentrant = ran_reentrant_checkpoint(output)
     del output
+    block_input_kib = STACK_ROWS * STACK_WIDTH * 4 / KiB
+    if h.requires_grad:
+        raise Wrong(f"{case}, your function made the check's h require a gradient (h.requires_grad_()): it changed "
+                    f"its caller's tensor, which after backward holds an h.grad ({block_input_kib:.0f} KiB) that "
+                    "nobody asked for. "
+                    + ("The reentrant checkpoint you ran needs an input that requires grad; the non-reentrant one "
+                       "does not. " if reentrant else "")
+                    + f"Hint: {'pass use_reentrant=False and ' if reentrant else ''}leave h as it is.")
     without, reference, reference_grads = stack_reference(n_blocks, segments)
-    with explaining_warnings(*REENTRANT_WARNINGS) as measuring_warnings:
-        yours, grads, regions, insides_kept = call_learner(
-            stack_measurements, checkpointed_forward, blocks, h, segments,
-            name="checkpointed_forward (forward and backward)")
+    try:
+        with explaining_warnings(*REENTRANT_WARNINGS) as measuring_warnings:
+            yours, grads, recomputed, insides_kept = call_learner(
+                stack_measurements, checkpointed_forward, blocks, h, segments,
+                name="checkpointed_forward (forward and backward)", hints=(("CheckpointError", LATE_BINDING_HINT),))
+    except Wrong as wrong:
+        raise Wrong(f"{case}, {wrong}") from None
     if any(g is None for g in grads):
         no_gradient = [i for i, block in enumerate(blocks) if any(p.grad is None for p in block.parameters())]
-        raise Wrong(f"{case}, block{'s' if len(no_gradient) > 1 else ''} {listed(map(str, no_gradient))} got no "
+        raise Wrong(f"{case}, {blocks_named(no_gradient)} got no "
                     "gradient. " + (reentrant_hint if reentrant_warnings or measuring_warnings else
                                     "Hint: do not detach h, and do not run blocks under torch.no_grad()."))
+    times = {index: recomputed.count(index) for index in set(recomputed)}
+    outside = set(insides_kept)
+    recomputed_as_run = all(times.get(i, 0) == (0 if i in outside else 1) for i in range(n_blocks))
     if not all(torch.allclose(g, r, atol=1e-6) for g, r in zip(grads, reference_grads)):
-        raise Wrong(f"{case}, the blocks' gradients differ from those without checkpointing. Hint: checkpoint "
-                    "recomputes the same values; do not detach h.")
-    block_input_kib = STACK_ROWS * STACK_WIDTH * 4 / KiB
+        raise Wrong(f"{case}, the blocks' gradients differ from those without checkpointing" + (
+            f": backward recomputed {recomputation_described(times, n_blocks)}, not each block once as forward "
+            f"ran it. Hint: {LATE_BINDING_HINT}" if not recomputed_as_run else
+            ". Hint: checkpoint recomputes the same values; change nothing in the blocks or in h."))
     measured = (f"{yours.saved_bytes / KiB:.0f} KiB kept for backward and a peak of "
                 f"{yours.peak_activation_bytes / KiB:.0f} KiB, against {reference.saved_bytes / KiB:.0f} KiB and "
                 f"{reference.peak_activation_bytes / KiB:.0f} KiB with {segments} balanced checkpointed segments")
@@ -583,27 +778,55 @@ def judge_stack_case(checkpointed_forward, n_blocks, segments):
                      "start wrapping at block 0?")
         else:
             where = ""
-        raise Wrong(f"{case}, block{'' if one else 's'} {listed(map(str, insides_kept))} ran outside any checkpoint "
+        if 1 in balanced_sizes(n_blocks, segments):
+            where += " Here some segments have a single block: each needs its checkpoint too."
+        raise Wrong(f"{case}, {blocks_named(insides_kept)} ran outside any checkpoint "
                     f"and kept {'its' if one else 'their'} insides (gate, up, silu...) for backward: {measured}. "
                     f"Hint: every block must run inside one of the checkpointed segments.{where}")
+    if any(count > 1 for count in times.values()):
+        raise Wrong(f"{case}, backward recomputed {recomputation_described(times, n_blocks)}, not each block "
+                    f"once: {measured}. A checkpoint inside another checkpoint's region runs again when the outer "
+                    "one is recomputed, then once more for its own backward. Hint: one checkpoint per segment, "
+                    "none inside it and none around them all.")
+    regions = recomputed_regions(recomputed)
     sizes = [len(region) for region in regions]
     if len(regions) != segments and sizes and sum(sizes) == n_blocks:
+        ceil = math.ceil(n_blocks / segments)
         raise Wrong(f"{case}, you made {plural(len(regions), 'checkpointed region')} of "
                     f"{listed(map(str, sizes))} blocks, not {segments}: {measured}. Hint: "
                     + ("each region keeps its input, so more regions keep more; " if len(regions) > segments else
-                       "a longer region is recomputed all at once, so its insides are alive together; ")
+                       "a longer region is recomputed all at once, so its insides are alive together; "
+                       if max(sizes) > ceil else "")
                     + f"split the {n_blocks} blocks into exactly {segments} segments"
-                    + (f" ({n_blocks} // {segments} = {n_blocks // segments} blocks per segment leaves "
-                       f"{n_blocks % segments} over)" if n_blocks % segments else "") + ".")
-    if yours.peak_activation_bytes > 1.01 * reference.peak_activation_bytes and sizes:
-        longest = max(sizes)
-        raise Wrong(f"{case}, your segments have {listed(map(str, sizes))} blocks: {measured}. Hint: backward "
-                    f"recomputes a segment all at once, so the longest ({longest} blocks) sets the peak; balance "
-                    f"them, none longer than {math.ceil(n_blocks / segments)} blocks.")
+                    + (f" ({n_blocks} // {segments} = {plural(n_blocks // segments, 'block')} per segment leaves "
+                       f"{n_blocks % segments} over)" if n_blocks % segments else "")
+                    + (f"; pieces of ceil({n_blocks} / {segments}) = {ceil} blocks make only {len(regions)}"
+                       if len(regions) < segments and all(size == ceil for size in sizes[:-1]) else "") + ".")
+    if sizes and max(sizes) - min(sizes) > 1:
+        longest, ceil = max(sizes), math.ceil(n_blocks / segments)
+        higher = yours.peak_activation_bytes > 1.01 * reference.peak_activation_bytes
+        balanced = listed(map(str, balanced_sizes(n_blocks, segments)))
+        if higher:
+            why = (f"backward recomputes a segment all at once, so the longest ({longest} blocks) sets the peak: "
+                   f"balance them, none longer than {ceil} blocks ({balanced}, in any order).")
+        else:
+            short_count = 2 * segments - 2  # pieces of 2 make segments - 1 of them
+            why = (f"the exercise asks for balanced segments, whose lengths differ by at most one: {n_blocks} "
+                   f"blocks in {segments} segments are {balanced}, in any order. Pieces of ceil({n_blocks} / "
+                   f"{segments}) = {ceil} blocks leave the last one short here"
+                   + (f", and for some numbers of blocks make too few segments ({short_count} blocks in pieces "
+                      f"of 2 make {segments - 1}, not {segments})" if segments >= 3 else "") + ".")
+        raise Wrong(f"{case}, your segments have {listed(map(str, sizes))} blocks: {measured}. Hint: {why}")
+    if reentrant and yours.peak_activation_bytes > 1.01 * reference.peak_activation_bytes:
+        raise Wrong(f"{case}, your segments ran the reentrant checkpoint (use_reentrant=True): {measured}. Its "
+                    "backward recomputes each segment and runs a backward of its own over it (CheckpointFunction "
+                    "in torch/utils/checkpoint.py), and holds more at once than the non-reentrant one, which "
+                    "PyTorch recommends. Hint: pass use_reentrant=False.")
     if (abs(yours.saved_bytes - reference.saved_bytes) > 0.01 * reference.saved_bytes
             or yours.peak_activation_bytes > 1.01 * reference.peak_activation_bytes):
-        raise Wrong(f"{case}: {measured}. Hint: checkpoint each segment once, with "
-                    "checkpoint(run, segment, h, use_reentrant=False), and nothing else.")
+        raise Wrong(f"{case}, your {segments} segments of {listed(map(str, sizes))} blocks are balanced, yet: "
+                    f"{measured}. Hint: checkpoint each segment once, with checkpoint(run, segment, h, "
+                    "use_reentrant=False), and keep no other tensor alive.")
     others = listed(f"{n} in {s}" for n, s in STACK_CASES if (n, s) != (n_blocks, segments))
     return (f"with {n_blocks} blocks in {segments} segments, as with {others}: "
             f"{yours.saved_bytes / KiB:.0f} KiB kept for backward ({segments} x {block_input_kib:.0f} KiB: the "
