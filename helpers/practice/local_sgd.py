@@ -1,19 +1,22 @@
 """Checks for notebooks/practice/03_local_sgd_practice.ipynb (lesson 03).
 
-Every check measures. The training loops run for real, on 2 processes started like lesson 3's
-(``helpers.launcher.run_in_processes``), and each process logs every all-reduce it issues (DDP's
-gradients, told apart by the communication hook that sends them, or averaged parameters), the
-optimizer steps it takes, and whether the two workers' weights are identical after each step.
-A check compares the answer with the intended answer measured the same way (in the same launch
-when the answer is a loop): exactly for what no hardware changes (bytes, steps, order), within
-a tight tolerance for trained weights.
+Every check measures. The training loops run for real, on 2 processes (3 for exercise 3.4) started
+like lesson 3's (``helpers.launcher.run_in_processes``), and each process logs every all-reduce it
+issues (DDP's gradients, told apart by the communication hook that sends them, or averaged
+parameters), the optimizer steps it takes, the gradients each step applies, and whether the
+workers' weights are identical after each step. A check compares the answer with the intended
+answer measured the same way (in the same launch when the answer is a loop): exactly for what no
+hardware changes (bytes, steps, order), within a tight tolerance for gradients and trained weights.
 
-A small classifier, called like the lesson's model (``model(**batch).loss``), stands in for the
-tiny DistilBERT: what is counted does not depend on the model's size, and a step takes milliseconds.
+A small classifier, called like the lesson's model (``model(**batch).loss``), with dropout as
+DistilBERT has, stands in for the tiny DistilBERT: what is counted does not depend on the model's
+size, and a step takes milliseconds. Exercises 3.1 and 3.2 also measure a wider one, in cases that
+no text names, so that only a prediction computed from the arguments passes.
 """
 import contextlib
 import functools
 import io
+import math
 import numbers
 from types import SimpleNamespace
 
@@ -25,32 +28,46 @@ from helpers.launcher import WorkerFailedError, WorkerTimeoutError, run_in_proce
 from helpers.practice.verdicts import Wrong, call_learner, checker, require_callable
 from helpers.training import LEARNING_RATE
 
-FEATURES, HIDDEN, CLASSES = 8, 16, 2  # the small classifier: 3 layers, 6 parameter tensors, 1,800 bytes
+FEATURES, HIDDEN, CLASSES = 8, 16, 2  # the small classifier: 3 linear layers, 6 parameter tensors, 1,800 bytes
+WIDER_HIDDEN = 24  # the second classifier of exercises 3.1 and 3.2 (3,464 bytes), in cases no text names
+DROPOUT = 0.1  # as DistilBERT's: a loop that switches the model to eval mode trains differently
+# Features of standard deviation 6: the gradients' norm then exceeds 1 at every optimizer step of exercise
+# 3.3's loop (tests/test_practice_03.py checks it), so clipping at the usual max_grad_norm=1.0 changes them.
+INPUT_SCALE = 6.0
 MICRO_BATCH_SIZE = 4  # examples per micro-batch and process: what is counted does not depend on it
 LAUNCH_TIMEOUT_S = 180  # the whole check; far above what a check takes, so only a hang reaches it
-# Two loops that do the same arithmetic end with the same weights, up to rounding (~1e-7); one that
-# trains differently moves some weight by a good share of an AdamW step, which is up to the learning
-# rate (3e-3): the near misses of tests/test_practice_03.py move them by 1e-3 and more.
+# Two loops that do the same arithmetic apply the same gradients and end with the same weights, up to
+# rounding. The final weights alone are not enough: AdamW divides each step by the gradients' running
+# root mean square, so a loop whose gradients are all scaled by a constant (a loss divided once more by
+# the accumulation, or multiplied by 10) ends within rounding distance of the intended weights. So the
+# checks compare the gradients before every optimizer step (relative to their largest entry), and then
+# the final weights, to within a hundredth of the learning rate.
+GRADIENT_TOLERANCE = 1e-5
+PROBE_TOLERANCE = 1e-6  # exercise 3.4's probe, of the largest sum: a float32 mean's rounding is far below it
 WEIGHTS_TOLERANCE = LEARNING_RATE / 100
 BEFORE_THE_LOOP, AFTER_THE_LOOP = "before the loop", "after the loop"
 
-# Exercise 3.1: (steps, local_sgd_steps); exercise 3.2: (micro-batches, gradient_accumulation_steps, k)
-PREDICTION_CASES = [(16, 8), (12, 8), (5, 8), (3, 1)]
-ACCUMULATION_CASES = [(16, 2, 4), (12, 4, 3)]
+# Exercise 3.1: (steps, local_sgd_steps, hidden width). The text names neither the cases nor the wider model.
+PREDICTION_CASES = [(16, 8, HIDDEN), (12, 8, HIDDEN), (5, 8, HIDDEN), (3, 1, HIDDEN), (10, 3, WIDER_HIDDEN)]
+# Exercise 3.2: (micro-batches, gradient_accumulation_steps, k, hidden width); k need not divide the micro-batches
+ACCUMULATION_CASES = [(16, 2, 4, HIDDEN), (12, 4, 3, HIDDEN), (12, 2, 5, HIDDEN), (18, 3, 4, WIDER_HIDDEN)]
 # Exercise 3.3: the loop to fix runs 16 micro-batches, 2 per optimizer step, and averages every 8 micro-batches
 FIX_MICRO_BATCHES, FIX_ACCUMULATION, FIX_LOCAL_SGD_STEPS = 16, 2, 8
-# Exercise 3.4: the Local SGD loop that calls the learner's averaging
-AVERAGING_MICRO_BATCHES, AVERAGING_LOCAL_SGD_STEPS = 16, 4
+# Exercise 3.4: the Local SGD loop that calls the learner's averaging, on 3 processes: a function that
+# divides by 2 instead of by the number of processes would pass on 2
+AVERAGING_MICRO_BATCHES, AVERAGING_LOCAL_SGD_STEPS, AVERAGING_PROCESSES = 16, 4, 3
 
 
 class SmallClassifier(torch.nn.Module):
-    """Three linear layers, called like the lessons' model: ``model(**batch).loss``."""
+    """Three linear layers with dropout between them, called like the lessons' model: ``model(**batch).loss``."""
 
-    def __init__(self):
+    def __init__(self, hidden=HIDDEN):
         super().__init__()
-        self.layers = torch.nn.Sequential(torch.nn.Linear(FEATURES, HIDDEN), torch.nn.ReLU(),
-                                          torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU(),
-                                          torch.nn.Linear(HIDDEN, CLASSES))
+        self.layers = torch.nn.Sequential(torch.nn.Linear(FEATURES, hidden), torch.nn.ReLU(),
+                                          torch.nn.Dropout(DROPOUT),
+                                          torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+                                          torch.nn.Dropout(DROPOUT),
+                                          torch.nn.Linear(hidden, CLASSES))
 
     def forward(self, inputs, labels):
         logits = self.layers(inputs)  # (batch, CLASSES)
@@ -60,7 +77,7 @@ class SmallClassifier(torch.nn.Module):
 def make_examples(count):
     """``count`` labelled examples, the same on every process (the prepared data loader shares them out)."""
     generator = torch.Generator().manual_seed(0)
-    inputs = torch.randn(count, FEATURES, generator=generator)
+    inputs = INPUT_SCALE * torch.randn(count, FEATURES, generator=generator)
     labels = (inputs[:, 0] + inputs[:, 1] > 0).long()
     return [{"inputs": x, "labels": y} for x, y in zip(inputs, labels)]
 
@@ -95,41 +112,102 @@ def local_sgd_loop_with(average_parameters, local_sgd_steps):
 
     As Accelerate's LocalSGD does it (accelerate/local_sgd.py), less its barrier: DDP's gradient
     all-reduce off for the whole loop (``model.no_sync()``), an averaging every ``local_sgd_steps``
-    micro-batches, and one more at the end.
+    micro-batches, and one more at the end. An averaging that leaves the parameters in another
+    dtype, shape or device stops the run (``ParametersChanged``): the next forward pass would fail.
     """
     def loop(accelerator, model, optimizer, dataloader):
+        def average():
+            before = parameter_kinds(model)
+            average_parameters(accelerator, model)
+            changed = [(was, now) for was, now in zip(before, parameter_kinds(model)) if was != now]
+            if changed or len(before) != len(parameter_kinds(model)):
+                was, now = changed[0] if changed else (f"{len(before)} tensors", "another number")
+                raise ParametersChanged(f"your averaging left a parameter as {now}, where it was {was}")
+
         with model.no_sync():
             for number, batch in enumerate(dataloader, 1):
                 accelerator.backward(model(**batch).loss)
                 optimizer.step()
                 optimizer.zero_grad()
                 if number % local_sgd_steps == 0:
-                    average_parameters(accelerator, model)
-            average_parameters(accelerator, model)
+                    average()
+            average()
     return loop
 
 
+class ParametersChanged(Exception):
+    """An averaging changed the parameters' dtype, shape or device (every process raises it at the same point)."""
+
+
+def parameter_kinds(model):
+    """Each parameter's dtype, shape and device, as text."""
+    return [f"{p.dtype} {tuple(p.shape)} {p.device.type}" for p in model.parameters()]
+
+
 # --- measuring, in each worker process ---------------------------------------------------------
+
+def flat_gradients(model):
+    """Every parameter's gradient in one 1-D tensor (zeros where a parameter has none); None if none has one."""
+    parameters = list(model.parameters())
+    if all(p.grad is None for p in parameters):
+        return None
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1)
+                      for p in parameters])
+
 
 class TracedBatches:
     """The prepared data loader, as the learner's loop sees it, noting where each all-reduce happens.
 
     Each logged collective is labelled ``[micro-batch, optimizer steps done]``: micro-batch 0 is
     before the loop draws its first batch, ``len + 1`` after it drew its last. After each optimizer
-    step (seen when the next batch is drawn, or the batches run out) it records whether the two
-    workers' weights are identical.
+    step (seen when the next batch is drawn, or the batches run out) it records whether the
+    workers' weights are identical. Before each optimizer step it records what the step applies
+    (``at_steps``): the gradients, whether every module was in training mode, whether the gradients
+    changed since the last ``accelerator.backward`` returned (clipping changes them), and whether they
+    were cleared between two backward passes of the step (zero_grad before backward, under accumulation).
+    ``close()`` gives the accelerator its own ``backward`` back.
     """
 
     def __init__(self, accelerator, model, optimizer, dataloader, counter):
         self.accelerator, self.model, self.dataloader, self.counter = accelerator, model, dataloader, counter
         self.micro_batch, self.steps_done, self.checked_steps = 0, 0, 0
         self.steps_at_draw = []  # optimizer steps done when each micro-batch was drawn
-        self.identical_after = {}  # optimizer step -> the two workers' weights identical after it
-        optimizer.optimizer.register_step_post_hook(self._stepped)  # inside Accelerate's wrapper: real steps
+        self.identical_after = {}  # optimizer step -> the workers' weights identical after it
+        self.at_steps = []  # one dict per optimizer step, recorded just before it is taken
+        self.after_backward = None  # the gradients when accelerator.backward last returned, in this step
+        self.cleared = False  # the gradients were cleared between two backward passes of this step
+        inner = optimizer.optimizer  # inside Accelerate's wrapper: only the steps really taken
+        inner.register_step_pre_hook(self._stepping)
+        inner.register_step_post_hook(self._stepped)
+        self.backward = accelerator.backward
+        accelerator.backward = self._recorded_backward  # an attribute of this Accelerator only, until close()
         self._label()
+
+    def _recorded_backward(self, *args, **kwargs):
+        if self.after_backward is not None:  # a backward of this step already ran: its gradients must still be there
+            gradients = flat_gradients(self.model)
+            self.cleared = self.cleared or gradients is None or not gradients.any()
+        result = self.backward(*args, **kwargs)
+        self.after_backward = flat_gradients(self.model)
+        return result
+
+    def close(self):
+        del self.accelerator.backward
 
     def _label(self):
         self.counter.step = [self.micro_batch, self.steps_done]
+
+    def _stepping(self, *args):
+        gradients = flat_gradients(self.model)
+        seen = self.after_backward
+        self.at_steps.append({
+            "gradients": None if gradients is None else gradients.cpu().tolist(),
+            "training": all(module.training for module in self.model.modules()),
+            "changed_since_backward": (None if gradients is None or seen is None
+                                       else not torch.equal(gradients, seen)),
+            "norm_after_backward": None if seen is None else seen.norm().item(),
+            "cleared_during_accumulation": self.cleared})
+        self.after_backward, self.cleared = None, False
 
     def _stepped(self, *args):
         self.steps_done += 1
@@ -170,95 +248,154 @@ def count_gradients(model, counter):
         model.register_comm_hook(state=None, hook=hook)
 
 
-def prepared_run(accelerator, micro_batches, gradient_accumulation_steps):
+def prepared_run(accelerator, micro_batches, gradient_accumulation_steps, hidden=HIDDEN):
     """A fresh model, optimizer and data loader of ``micro_batches`` micro-batches per process, prepared."""
     accelerator.gradient_accumulation_steps = gradient_accumulation_steps
     accelerator.step = 0  # Accelerate's count of micro-batches towards the next optimizer step
     torch.manual_seed(0)  # in the worker process: the notebook's generators are not touched
-    model = SmallClassifier()
+    model = SmallClassifier(hidden)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
     examples = make_examples(micro_batches * MICRO_BATCH_SIZE * accelerator.num_processes)
     dataloader = torch.utils.data.DataLoader(examples, batch_size=MICRO_BATCH_SIZE)
     return accelerator.prepare(model, optimizer, dataloader)
 
 
-def measure_run(accelerator, loop, micro_batches, gradient_accumulation_steps=1):
-    """Run ``loop(accelerator, model, optimizer, dataloader)`` once; what this process communicated."""
+def parameter_bytes(model):
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def measure_run(accelerator, loop, micro_batches, gradient_accumulation_steps=1, hidden=HIDDEN):
+    """Run ``loop(accelerator, model, optimizer, dataloader)`` once; what this process communicated.
+
+    A run that an averaging stopped (``ParametersChanged``) returns only ``{"stopped": why}``.
+    """
     from helpers.models import flat_parameters
 
-    model, optimizer, dataloader = prepared_run(accelerator, micro_batches, gradient_accumulation_steps)
+    model, optimizer, dataloader = prepared_run(accelerator, micro_batches, gradient_accumulation_steps, hidden)
     counter = CollectiveCounter()
     count_gradients(model, counter)
     batches = TracedBatches(accelerator, model, optimizer, dataloader, counter)
-    with counter:
-        loop(accelerator, model, optimizer, batches)
+    try:
+        with counter:
+            loop(accelerator, model, optimizer, batches)
+    except ParametersChanged as change:
+        return {"stopped": str(change)}
+    finally:
+        batches.close()
     final_gap = weight_gap(accelerator, model, counter)
     return {"micro_batches": micro_batches, "gradient_accumulation_steps": gradient_accumulation_steps,
-            "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
-            "parameter_tensors": len(list(model.parameters())),
+            "parameter_bytes": parameter_bytes(model), "parameter_tensors": len(list(model.parameters())),
             "optimizer_steps": batches.steps_done, "steps_at_draw": batches.steps_at_draw + [batches.steps_done],
             "events": [{"where": event["step"], "collective": event["collective"], "bytes": event["bytes"],
                         "kind": event.get("kind", "parameters")} for event in counter.events],
             "identical_after": sorted(batches.identical_after.items()), "identical_at_end": final_gap == 0.0,
-            "final_parameters": flat_parameters(model).cpu().tolist()}
+            "at_steps": batches.at_steps, "final_parameters": flat_parameters(model).cpu().tolist()}
 
 
 def probe_averaging(accelerator, average_parameters):
-    """Give each process its own parameters, call ``average_parameters`` once; what it did to them."""
+    """Give each process its own parameters, call ``average_parameters`` once; what it did to them.
+
+    ``off`` says how far the parameters ended from each thing a near miss leaves in them (0 where
+    they hold it): the mean over the processes, their sum, the process's own, the sum over 2, and the
+    mean divided once more by the number of processes. ``tensors`` gives each parameter tensor's name
+    and what it holds ("mean", "own" or "other").
+    """
     from helpers.models import flat_parameters
 
     model, _, _ = prepared_run(accelerator, 1, 1)
+    processes = accelerator.num_processes
     own = {rank: torch.randn(sum(p.numel() for p in model.parameters()),
                              generator=torch.Generator().manual_seed(1000 + rank))
-           for rank in range(accelerator.num_processes)}
+           for rank in range(processes)}
     with torch.no_grad():
         torch.nn.utils.vector_to_parameters(own[accelerator.process_index].to(accelerator.device),
                                             model.parameters())
+    names = [name.removeprefix("module.") for name, _ in model.named_parameters()]
+    sizes = [p.numel() for p in model.parameters()]
+    dtypes_before, bytes_before = [str(p.dtype) for p in model.parameters()], parameter_bytes(model)
     counter = CollectiveCounter()
     with counter:
         average_parameters(accelerator, model)
-    after = flat_parameters(model).cpu()
-    total = sum(own.values())
+    dtypes_after = [str(p.dtype) for p in model.parameters()]
+    if [p.numel() for p in model.parameters()] != sizes:  # judge_probe says so; values cannot be compared
+        return {"processes": processes, "sizes_before": sizes, "sizes_after": [p.numel() for p in model.parameters()]}
+    after = flat_parameters(model).cpu().double()
+    mine = own[accelerator.process_index].double()
+    total = sum(own.values()).double()
+    mean = total / processes
+    tolerance = PROBE_TOLERANCE * total.abs().max().item()
 
     def off(target):
         return (after - target).abs().max().item()
 
-    return {"off_mean": off(total / accelerator.num_processes), "off_sum": off(total),
-            "off_own": off(own[accelerator.process_index]), "scale": total.abs().max().item(),
+    def holds(part, target):
+        return (part - target).abs().max().item() <= tolerance
+
+    tensors = []
+    for name, part, part_mean, part_own in zip(names, after.split(sizes), mean.split(sizes), mine.split(sizes)):
+        tensors.append([name, "mean" if holds(part, part_mean) else "own" if holds(part, part_own) else "other"])
+    return {"processes": processes, "tolerance": tolerance,
+            "off": {"mean": off(mean), "sum": off(total), "own": off(mine), "sum over 2": off(total / 2),
+                    "mean over processes": off(mean / processes)},
+            "relative_off_mean": off(mean) / mean.abs().max().item(),
+            "tensors": tensors, "dtypes_before": dtypes_before, "dtypes_after": dtypes_after,
             "collectives": [[event["collective"], event["bytes"]] for event in counter.events],
-            "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
-            "parameter_tensors": len(list(model.parameters()))}
+            "parameter_bytes": bytes_before, "parameter_tensors": len(sizes)}
 
 
 def practice_worker(accelerator, runs, averagings=()):
-    """What every process runs: each ``(loop, micro_batches, gradient_accumulation_steps)``, then each probe."""
-    return {"runs": [measure_run(accelerator, *run) for run in runs],
-            "probes": [probe_averaging(accelerator, average) for average in averagings]}
+    """What every process runs: each probe of ``averagings``, then each of ``runs``.
+
+    A run is ``(loop, micro_batches, gradient_accumulation_steps[, hidden])``.
+
+    The probes come first: one that changes the parameters' dtype is reported as that, not as the
+    error a forward pass would raise later.
+    """
+    probes = [probe_averaging(accelerator, average) for average in averagings]
+    return {"runs": [measure_run(accelerator, *run) for run in runs], "probes": probes}
 
 
-def launch(runs, averagings=()):
-    """Measure ``runs`` (and probe each function of ``averagings``) on 2 processes; process 0's measurements."""
+def import_what_workers_import():
+    """Import here, once, the modules every worker would otherwise import after the fork (seconds each).
+
+    ``preload=False`` spares the workers DistilBERT's code, but each one still imports torch._dynamo
+    when it builds its first optimizer (Optimizer.__init__ calls add_param_group, which
+    ``torch._disable_dynamo`` wraps: it imports torch._dynamo on its first call), and datasets when
+    Accelerate prepares a data loader (accelerate/data_loader.py, prepare_data_loader). Forked
+    processes share what this one has imported.
+    """
+    from accelerate.utils import is_datasets_available
+
+    import torch._dynamo  # noqa: F401
+    if is_datasets_available():
+        import datasets  # noqa: F401
+
+
+def launch(runs, averagings=(), num_processes=2):
+    """Measure ``runs`` (and probe each function of ``averagings``) on ``num_processes`` processes; process 0's."""
+    import_what_workers_import()
     with contextlib.redirect_stdout(io.StringIO()):  # the launcher's "Launching training on 2 CPUs."
-        return run_in_processes(practice_worker, (list(runs), list(averagings)), timeout_s=LAUNCH_TIMEOUT_S,
+        return run_in_processes(practice_worker, (list(runs), list(averagings)), num_processes=num_processes,
+                                timeout_s=LAUNCH_TIMEOUT_S,
                                 preload=False)  # the stand-in model needs neither DistilBERT nor the data
 
 
-def launch_learners(runs, how_called, averagings=()):
+def launch_learners(runs, how_called, averagings=(), num_processes=2):
     """``launch``, with a worker's failure or a hang turned into one sentence that says what to look at.
 
     ``how_called`` says how each worker called the learner's function, e.g. ``average_parameters(accelerator, model)``.
     """
     name = how_called.split("(")[0]
     try:
-        return launch(runs, averagings)
+        return launch(runs, averagings, num_processes)
     except WorkerFailedError as error:
         last_line = error.worker_traceback.strip().splitlines()[-1]
         raise Wrong(f"{name} failed in a worker process with {last_line}. Hint: "
                     f"{failure_hint(last_line, how_called)}") from None
     except WorkerTimeoutError:
-        raise Wrong(f"{name} had not finished after {LAUNCH_TIMEOUT_S} s, so the check stopped it. Hint: both "
-                    "processes must issue the same collectives in the same order; a step that only one "
-                    "process takes (under `if accelerator.is_main_process:`) leaves the other waiting.") from None
+        raise Wrong(f"{name} had not finished after {LAUNCH_TIMEOUT_S} s, so the check stopped it. Hint: every "
+                    "process must issue the same collectives in the same order; a step that only one "
+                    "process takes (under `if accelerator.is_main_process:`) leaves the others waiting.") from None
 
 
 def failure_hint(last_line, how_called):
@@ -266,8 +403,12 @@ def failure_hint(last_line, how_called):
         return "local_sgd is the name that `with LocalSGD(...) as local_sgd:` gives; keep that line."
     if "LocalSGD" in last_line:
         return "import it first: from accelerate.local_sgd import LocalSGD."
+    if "SignalException" in last_line or "got signal" in last_line:  # stopped because another process failed
+        return ("another worker process failed in a collective (it waited too long, or lost its peer), and the "
+                "others were stopped: every process must call the same collectives, in the same order (no "
+                "`if accelerator.is_main_process:` around them).")
     if "timeout" in last_line.lower() or "timed out" in last_line.lower():
-        return ("one process waited for a collective that the other never issued: every process must call "
+        return ("one process waited for a collective that another never issued: every process must call "
                 "the same collectives, in the same order (no `if accelerator.is_main_process:` around them).")
     return f"each worker process called {how_called}; that error came from it."
 
@@ -380,45 +521,96 @@ def show_communication(train_loop):
 def intended_measurements():
     """The intended loops for exercises 3.1 and 3.2, measured once per kernel (one launch).
 
-    Returns ``{("local sgd", steps, 1, k): run, ("ddp", micro_batches, a, None): run, ...}``.
+    Returns ``{("local sgd", steps, 1, k, hidden): run, ("ddp", micro_batches, a, None, hidden): run, ...}``.
     """
-    cases = [("local sgd", steps, 1, k) for steps, k in PREDICTION_CASES]
-    for micro_batches, accumulation, k in ACCUMULATION_CASES:
-        cases += [("ddp", micro_batches, accumulation, None), ("local sgd", micro_batches, accumulation, k)]
-    runs = [(lesson_loop(k) if kind == "local sgd" else ddp_loop, micro_batches, accumulation)
-            for kind, micro_batches, accumulation, k in cases]
+    cases = [("local sgd", steps, 1, k, hidden) for steps, k, hidden in PREDICTION_CASES]
+    for micro_batches, accumulation, k, hidden in ACCUMULATION_CASES:
+        cases += [("ddp", micro_batches, accumulation, None, hidden), ("local sgd", micro_batches, accumulation, k,
+                                                                         hidden)]
+    runs = [(lesson_loop(k) if kind == "local sgd" else ddp_loop, micro_batches, accumulation, hidden)
+            for kind, micro_batches, accumulation, k, hidden in cases]
     return dict(zip(cases, launch(runs)["runs"]))
 
 
+def named_parameter_bytes(measured):
+    """The bytes of the classifier that the practice notebook names (the other one it does not)."""
+    return next(run["parameter_bytes"] for case, run in measured.items() if case[-1] == HIDDEN)
+
+
 def shown(answer):
-    return f"{answer:,}" if is_number(answer) else repr(answer)
+    """An answer as a verdict shows it: a number with thousands separators, anything else as Python writes it."""
+    if not is_number(answer):
+        return repr(answer)
+    try:  # int() and float() also take Fractions and numpy's numbers, whose formats may not accept ","
+        return f"{int(answer):,}" if answer == int(answer) else f"{float(answer):,}"
+    except (ValueError, OverflowError):  # nan, inf
+        return repr(answer)
 
 
-PREDICTION_MISTAKES = [  # (what a learner may have computed, for (steps, k, parameter_bytes); the hint)
-    (lambda s, k, p: s // k * p, "you count the averagings every k steps; leaving the `with LocalSGD(...)` block "
-                                 "averages once more."),
-    (lambda s, k, p: -(-s // k) * p, "rounding steps / k up is not it: one averaging after every k-th step (//), "
-                                     "plus one as the block ends."),
-    (lambda s, k, p: s * p, "that is DDP, which all-reduces every step; Local SGD averages every k steps."),
-    (lambda s, k, p: (s / k + 1) * p, "the averagings are a whole number: one every k full steps (use //), plus one "
-                                      "as the block ends."),
-    (lambda s, k, p: s // k + 1, "that is the number of averagings; each one sends all the parameters: "
-                                 "parameter_bytes."),
-    (lambda s, k, p: 2 * (s // k + 1) * p, "a ring all-reduce over N processes sends 2(N-1)/N times its payload "
-                                           "from each: for N = 2, the payload itself."),
-]
-DDP_MISTAKES = [  # for (micro_batches, gradient_accumulation_steps, k, parameter_bytes)
-    (lambda m, a, k, p: m * p, "under accelerator.accumulate, DDP all-reduces the gradients only in the backward "
-                               "of the micro-batch that completes an optimizer step."),
-]
-LOCAL_SGD_MISTAKES = [
-    (lambda m, a, k, p: (m // a // k + 1) * p, "local_sgd_steps counts calls of local_sgd.step(), and the slide's "
-                                               "loop calls it once per micro-batch, not once per optimizer step."),
-    (lambda m, a, k, p: (m // k + 1 + m // a) * p, "inside the `with LocalSGD` block DDP does not all-reduce the "
-                                                   "gradients at all, not even in the micro-batch that completes a "
-                                                   "step: entering the block switched that off (model.no_sync())."),
-    (lambda m, a, k, p: m // k * p, "leaving the `with LocalSGD(...)` block averages once more."),
-]
+def number_hint(answer):
+    """What to return instead of ``answer``, which is not a number."""
+    if answer is None:
+        return "it returned None: did you forget `return`?"
+    if isinstance(answer, bool):
+        return "return a number of bytes, not True or False."
+    if isinstance(answer, str):
+        return "return the number itself, not text (no quotes, no str())."
+    if isinstance(answer, torch.Tensor) or hasattr(answer, "item"):  # a tensor, a numpy array
+        return "return a Python number: .item() turns a one-element tensor or array into one."
+    return f"return a number (an int), not a {type(answer).__name__}."
+
+
+LOOKUP_HINTS = [("KeyError", "the check also tries cases that no text lists: compute the bytes from the "
+                             "arguments.")]
+
+
+def prediction_mistakes(named_bytes):
+    """(what a learner may have computed, for (steps, k, parameter_bytes); the hint), most telling first."""
+    return [
+        (lambda s, k, p: s // k * p, "you count the averagings every k steps; leaving the `with LocalSGD(...)` "
+                                     "block averages once more."),
+        (lambda s, k, p: -(-s // k) * p, "rounding steps / k up is not it: one averaging after every k-th step "
+                                         "(//), plus one as the block ends."),
+        (lambda s, k, p: s * p, "that is DDP, which all-reduces every step; Local SGD averages every k steps."),
+        (lambda s, k, p: (s / k + 1) * p, "the averagings are a whole number: one every k full steps (use //), plus "
+                                          "one as the block ends."),
+        (lambda s, k, p: s // k + 1, "that is the number of averagings; each one sends all the parameters: "
+                                     "parameter_bytes."),
+        (lambda s, k, p: 2 * (s // k + 1) * p, "a ring all-reduce over N processes sends 2(N-1)/N times its "
+                                               "payload from each: for N = 2, the payload itself."),
+        (lambda s, k, p: (s // k + 1) * named_bytes,
+         f"each averaging sends parameter_bytes, and the check also tries a model of another size: use the "
+         f"argument, not the {named_bytes:,} bytes of the classifier the notebook names."),
+    ]
+
+
+def ddp_mistakes(named_bytes):  # for (micro_batches, gradient_accumulation_steps, k, parameter_bytes)
+    return [
+        (lambda m, a, k, p: m * p, "under accelerator.accumulate, DDP all-reduces the gradients only in the "
+                                   "backward of the micro-batch that completes an optimizer step."),
+        (lambda m, a, k, p: m // a * named_bytes,
+         f"the check also tries a model of another size: use parameter_bytes, not {named_bytes:,}."),
+    ]
+
+
+def local_sgd_mistakes(named_bytes):
+    return [
+        (lambda m, a, k, p: (m // a // k + 1) * p, "local_sgd_steps counts calls of local_sgd.step(), and the "
+                                                   "slide's loop calls it once per micro-batch, not once per "
+                                                   "optimizer step."),
+        (lambda m, a, k, p: (m // k + 1 + m // a) * p, "inside the `with LocalSGD` block DDP does not all-reduce "
+                                                       "the gradients at all, not even in the micro-batch that "
+                                                       "completes a step: entering the block switched that off "
+                                                       "(model.no_sync())."),
+        (lambda m, a, k, p: m // k * p, "leaving the `with LocalSGD(...)` block averages once more."),
+        (lambda m, a, k, p: (-(-m // k) + 1) * p, "rounding micro_batches / k up is not it: one averaging after "
+                                                  "every k-th call of local_sgd.step() (//), plus one as the block "
+                                                  "ends."),
+        (lambda m, a, k, p: (m / k + 1) * p, "the averagings are a whole number: one every k full calls of "
+                                             "local_sgd.step() (use //), plus one as the block ends."),
+        (lambda m, a, k, p: (m // k + 1) * named_bytes,
+         f"the check also tries a model of another size: use parameter_bytes, not {named_bytes:,}."),
+    ]
 
 
 def is_number(answer):
@@ -437,44 +629,62 @@ def diagnose(answers, mistakes, default):
     return default
 
 
+def case_text(steps_or_micro_batches, k, p, named_bytes, unit="steps"):
+    size = "" if p == named_bytes else f", on the wider classifier ({p:,} bytes of parameters)"
+    return f"{steps_or_micro_batches} {unit}, k={k}{size}"
+
+
 @checker("3.1")
 def check_predicted_bytes(predicted_bytes):
     """``predicted_bytes(steps, local_sgd_steps, parameter_bytes)``, checked against lesson 3's loop, measured."""
     require_callable(predicted_bytes, "predicted_bytes")
     measured = intended_measurements()
-    runs = {(steps, k): measured[("local sgd", steps, 1, k)] for steps, k in PREDICTION_CASES}
-    answers = {(steps, k, run["parameter_bytes"]): call_learner(predicted_bytes, steps, k, run["parameter_bytes"],
-                                                                name="predicted_bytes")
-               for (steps, k), run in runs.items()}
+    named_bytes = named_parameter_bytes(measured)
+    answers, truths = {}, {}
+    for steps, k, hidden in PREDICTION_CASES:
+        run = measured[("local sgd", steps, 1, k, hidden)]
+        p = run["parameter_bytes"]
+        answers[(steps, k, p)] = call_learner(predicted_bytes, steps, k, p, name="predicted_bytes",
+                                              hints=LOOKUP_HINTS)
+        truths[(steps, k, p)] = total_bytes(run)
     for (steps, k, p), answer in answers.items():
-        truth = total_bytes(runs[(steps, k)])
+        if not is_number(answer):
+            raise Wrong(f"predicted_bytes should return a number of bytes, but for {steps} steps with "
+                        f"local_sgd_steps={k} it returned {shown(answer)}. Hint: {number_hint(answer)}")
+    for (steps, k, p), answer in answers.items():
+        truth = truths[(steps, k, p)]
         if same_number(answer, truth):
             continue
-        hint = diagnose(answers, PREDICTION_MISTAKES,
+        hint = diagnose(answers, prediction_mistakes(named_bytes),
                         "how many times are the parameters averaged, and how many bytes is each averaging?")
         raise Wrong(f"for {steps} steps with local_sgd_steps={k} and {p:,} bytes of parameters, you predicted "
                     f"{shown(answer)} bytes; measured on 2 processes, lesson 3's loop all-reduced {truth:,}. "
                     f"Hint: {hint}")
-    cases = "; ".join(f"{steps} steps, k={k}: {answer:,}" for (steps, k, _), answer in answers.items())
+    cases = "; ".join(f"{case_text(steps, k, p, named_bytes)}: {truth:,}" for (steps, k, p), truth in truths.items())
     return (f"your predictions match the bytes lesson 3's loop all-reduced on 2 processes ({cases}): one "
             "averaging after every k-th step and one more as the block ends, each of all the parameters.")
 
 
 @checker("3.2")
 def check_predicted_bytes_with_accumulation(predicted_bytes_with_accumulation):
-    """``(ddp_bytes, local_sgd_bytes)`` for ``(micro_batches, gradient_accumulation_steps, local_sgd_steps, parameter_bytes)``."""
+    """``(ddp_bytes, local_sgd_bytes)``, given ``(micro_batches, gradient_accumulation_steps, k, parameter_bytes)``."""
     name = "predicted_bytes_with_accumulation"
     require_callable(predicted_bytes_with_accumulation, name)
     measured = intended_measurements()
+    named_bytes = named_parameter_bytes(measured)
     answers, truths = {}, {}
-    for m, a, k in ACCUMULATION_CASES:
-        ddp, local = measured[("ddp", m, a, None)], measured[("local sgd", m, a, k)]
+    for m, a, k, hidden in ACCUMULATION_CASES:
+        ddp, local = measured[("ddp", m, a, None, hidden)], measured[("local sgd", m, a, k, hidden)]
         p = ddp["parameter_bytes"]
-        answer = call_learner(predicted_bytes_with_accumulation, m, a, k, p, name=name)
+        answer = call_learner(predicted_bytes_with_accumulation, m, a, k, p, name=name, hints=LOOKUP_HINTS)
         if not (isinstance(answer, (tuple, list)) and len(answer) == 2
                 and all(is_number(number) for number in answer)):
+            if isinstance(answer, (tuple, list)) and len(answer) == 2:
+                hint = number_hint(next(number for number in answer if not is_number(number)))
+            else:
+                hint = "return the pair as a tuple of two numbers: return ddp_bytes, local_sgd_bytes."
             raise Wrong(f"{name} should return two numbers, (DDP's bytes, Local SGD's bytes), but it returned "
-                        f"{answer!r}.")
+                        f"{answer!r}. Hint: {hint}")
         answers[(m, a, k, p)], truths[(m, a, k, p)] = tuple(answer), (total_bytes(ddp), total_bytes(local))
     for (m, a, k, p), (ddp_answer, local_answer) in answers.items():
         ddp, local = truths[(m, a, k, p)]
@@ -483,23 +693,88 @@ def check_predicted_bytes_with_accumulation(predicted_bytes_with_accumulation):
         if all(answer == truth[::-1] for answer, truth in zip(answers.values(), truths.values())):
             hint = "you swapped them: return (DDP's bytes, Local SGD's bytes)."
         elif not same_number(ddp_answer, ddp):
-            hint = diagnose({args: answer[0] for args, answer in answers.items()}, DDP_MISTAKES,
-                            "DDP all-reduces the gradients once per optimizer step: how many optimizer steps are there?")
+            hint = diagnose({args: answer[0] for args, answer in answers.items()}, ddp_mistakes(named_bytes),
+                            "DDP all-reduces the gradients once per optimizer step: how many optimizer steps "
+                            "are there?")
         else:
-            hint = diagnose({args: answer[1] for args, answer in answers.items()}, LOCAL_SGD_MISTAKES,
-                            "count the calls of local_sgd.step(): one averaging every k of them, one as the block ends.")
+            hint = diagnose({args: answer[1] for args, answer in answers.items()}, local_sgd_mistakes(named_bytes),
+                            "count the calls of local_sgd.step(): one averaging every k of them, one as the "
+                            "block ends.")
         raise Wrong(f"for {m} micro-batches with gradient_accumulation_steps={a}, local_sgd_steps={k} and {p:,} bytes "
                     f"of parameters, you predicted DDP {shown(ddp_answer)} and Local SGD {shown(local_answer)} bytes; "
                     f"measured on 2 processes: DDP {ddp:,} and Local SGD {local:,}. Hint: {hint}")
-    (m, a, k, p), (ddp, local) = list(truths.items())[-1]
-    return (f"your predictions match the measurement on 2 processes. With {m} micro-batches, accumulation {a} and "
-            f"local_sgd_steps={k}, Local SGD sent {local:,} bytes and DDP {ddp:,}: k counts micro-batches, so a k "
-            "below the accumulation averages more often than DDP all-reduces.")
+    (m, a, k, p), (ddp, local) = next((case, truth) for case, truth in truths.items() if case[2] < case[1])
+    return (f"your predictions match the measurement on 2 processes, in {len(truths)} cases. With {m} micro-batches, "
+            f"accumulation {a} and local_sgd_steps={k}, Local SGD sent {local:,} bytes and DDP {ddp:,}: k counts "
+            "micro-batches, so a k below the accumulation averages more often than DDP all-reduces.")
 
 
 def intended_fix():
     """The loop of exercise 3.3 as it should be: lesson 3's loop, averaging every 8 micro-batches."""
     return lesson_loop(FIX_LOCAL_SGD_STEPS)
+
+
+def averaging_places(table):
+    """Where a run averaged the parameters during the loop, in words."""
+    steps = averaged_after(table)
+    later = [step for step in steps if step]
+    places = ["before the first optimizer step"] if 0 in steps else []  # row 0: a micro-batch that took no step
+    if later:
+        places.append(f"after optimizer step{'s' if len(later) > 1 else ''} {steps_text(later)}")
+    return " and ".join(places) or "at no optimizer step"
+
+
+def averagings(run, table):
+    """How many times a run averaged the parameters, in all."""
+    averaged = table[BEFORE_THE_LOOP] + table[AFTER_THE_LOOP] + sum(row["before"] + row["after"]
+                                                                     for row in table["steps"])
+    return averaged // run["parameter_bytes"]
+
+
+def judge_gradients(run, reference):
+    """Compare the gradients each optimizer step applied with the intended loop's; Wrong at the first that differs."""
+    accumulation = run["gradient_accumulation_steps"]
+    for step, (mine, intended) in enumerate(zip(run["at_steps"], reference["at_steps"]), 1):
+        if mine["gradients"] is None:
+            raise Wrong(f"when optimizer step {step} was taken, the parameters had no gradients, so it changed "
+                        "nothing. Hint: zero_grad clears them: call it after optimizer.step(), as the loop you were "
+                        "given does.")
+        gradients = torch.tensor(mine["gradients"], dtype=torch.float64)
+        target = torch.tensor(intended["gradients"], dtype=torch.float64)
+        largest = target.abs().max().item()
+        difference = (gradients - target).abs().max().item()
+        if difference <= GRADIENT_TOLERANCE * largest:
+            continue
+        where = f"at optimizer step {step}"
+        if not mine["training"] and intended["training"]:
+            raise Wrong(f"{where} the model was in evaluation mode, so its dropout was off and the gradients were "
+                        "not the fixed loop's. Hint: keep model.train() and add no model.eval(): move lines, change "
+                        "nothing else.")
+        if mine["cleared_during_accumulation"]:
+            raise Wrong(f"{where} the gradients were cleared between the micro-batches that step accumulates, so it "
+                        "applied only the last micro-batch's. Hint: call zero_grad after optimizer.step(), as the "
+                        "loop you were given does.")
+        if mine["changed_since_backward"]:
+            raise Wrong(f"between accelerator.backward and optimizer step {step} your loop changed the gradients "
+                        f"(their norm went from {mine['norm_after_backward']:.3g} to {gradients.norm().item():.3g}), "
+                        "as clipping does. Hint: add no clipping: move the misplaced lines, change nothing else.")
+        scale = (gradients @ target / (target @ target)).item()
+        if (gradients - scale * target).abs().max().item() <= GRADIENT_TOLERANCE * largest * max(1.0, abs(scale)):
+            if mine["norm_after_backward"] is None and math.isclose(scale, accumulation, rel_tol=1e-4):
+                hint = ("call accelerator.backward(outputs.loss), as given: it divides the loss by "
+                        f"gradient_accumulation_steps ({accumulation}); loss.backward() does not.")
+            elif math.isclose(scale, 1 / accumulation, rel_tol=1e-4):
+                hint = ("accelerator.backward already divides the loss by gradient_accumulation_steps "
+                        f"({accumulation}), so dividing it yourself does it twice: pass outputs.loss as it is.")
+            else:
+                hint = ("pass outputs.loss to accelerator.backward as it is (it divides the loss by "
+                        "gradient_accumulation_steps itself): scaling the loss scales every gradient.")
+            raise Wrong(f"{where} your loop's gradients were {scale:.3g} times the fixed loop's. AdamW's steps hardly "
+                        f"depend on that scale, but the gradients do. Hint: {hint}")
+        raise Wrong(f"{where} your loop's gradients differ from the fixed loop's (by up to {difference:.1e}; their "
+                    f"largest entry is {largest:.1e}). Hint: each optimizer step applies the gradients of its "
+                    f"{accumulation} micro-batches: one forward pass and one accelerator.backward(outputs.loss) per "
+                    "micro-batch, zero_grad after optimizer.step(). Move lines, change nothing else.")
 
 
 def judge_fixed_loop(run, reference):
@@ -532,21 +807,36 @@ def judge_fixed_loop(run, reference):
                     "own step and the weights differed right after the averaging. Hint: call local_sgd.step() "
                     "after optimizer.step() (the lesson calls it after zero_grad).")
     if averaged_after(table) != averaged_after(intended) or table[AFTER_THE_LOOP] != intended[AFTER_THE_LOOP]:
-        during = (f"after optimizer steps {steps_text(averaged_after(table))}" if averaged_after(table)
-                  else "at no optimizer step")
         end = "and once after the loop" if table[AFTER_THE_LOOP] else "and not after the loop"
-        raise Wrong(f"the parameters were averaged {during} {end}; the loop you were given averages after steps "
-                    f"{steps_text(averaged_after(intended))} and once after the loop. Hint: move lines, change "
-                    "nothing else: keep local_sgd_steps=8 and one local_sgd.step() per micro-batch, inside the "
-                    "block.")
+        count = averagings(run, table)
+        if count >= FIX_MICRO_BATCHES and not table[AFTER_THE_LOOP]:
+            hint = ("a `with LocalSGD(...)` block averages as it ends, so a block per micro-batch averages after "
+                    "every one: enter it once, around the for loop.")
+        else:
+            hint = ("move lines, change nothing else: keep local_sgd_steps=8 and one local_sgd.step() per "
+                    "micro-batch, inside the block.")
+        raise Wrong(f"the parameters were averaged {averaging_places(table)} {end}, {count} times in all; the loop "
+                    f"you were given averages {averaging_places(intended)} and once after the loop. Hint: {hint}")
+    judge_gradients(run, reference)
     if table != intended or run["identical_at_end"] != reference["identical_at_end"]:
-        raise Wrong("your loop communicated differently from the fixed loop (same steps and averagings, but not "
-                    "the same bytes or weights after each step). Hint: move lines, change nothing else.")
+        differences = []
+        if [row["identical"] for row in table["steps"]] != [row["identical"] for row in intended["steps"]] or (
+                run["identical_at_end"] != reference["identical_at_end"]):
+            differences.append("the workers' weights were identical after other steps than the fixed loop's")
+        if [(row["after"], row["calls"]) for row in table["steps"]] != [(row["after"], row["calls"])
+                                                                         for row in intended["steps"]]:
+            differences.append("it all-reduced other bytes, or in other calls, than the fixed loop")
+        if table["other_collectives"] != intended["other_collectives"]:
+            differences.append("it issued collectives other than all-reduces")
+        raise Wrong(f"your loop applied the fixed loop's gradients and averaged where it does, but "
+                    f"{' and '.join(differences) or 'it communicated differently'}. Hint: move lines, change "
+                    "nothing else.")
     difference = largest_weight_difference(run, reference)
     if difference > WEIGHTS_TOLERANCE:
-        raise Wrong(f"your loop communicates as intended, but trains differently: its final weights differ from the "
-                    f"fixed loop's by up to {difference:.1e}. Hint: move the misplaced lines, change nothing else "
-                    "(keep zero_grad, add no clipping or extra step).")
+        raise Wrong(f"your loop communicates as intended and applies the fixed loop's gradients, but trains "
+                    f"differently: its final weights differ from the fixed loop's by up to {difference:.1e}. Hint: "
+                    "move the misplaced lines, change nothing else (one optimizer step per accumulated gradient, "
+                    "the optimizer as given).")
 
 
 @checker("3.3")
@@ -562,30 +852,66 @@ def check_fixed_loop(fixed_train_loop):
     table = communication_table(run)
     return (f"measured on 2 processes, your loop sent no gradients and averaged the parameters after optimizer "
             f"steps {steps_text(averaged_after(table))} and once as the block ended, {total_bytes(run):,} bytes in "
-            "all; the workers' weights were identical after every averaging, and its final weights are the "
-            "intended loop's.")
+            "all; the workers' weights were identical after every averaging, each optimizer step applied the "
+            "intended loop's gradients, and its final weights match the intended loop's.")
 
 
 def judge_probe(probe):
     """What ``average_parameters`` did to parameters that differ between the processes."""
-    tolerance = 1e-6 * probe["scale"]
+    if "sizes_after" in probe:
+        raise Wrong(f"your function left the model with parameter tensors of {probe['sizes_after']} elements; they "
+                    f"had {probe['sizes_before']}. Hint: copy the average back into the parameters, each in its own "
+                    "place and shape: torch.nn.utils.vector_to_parameters(flat, model.parameters()).")
+    processes, off, tolerance = probe["processes"], probe["off"], probe["tolerance"]
     all_reduces = [n for collective, n in probe["collectives"] if collective == "all_reduce"]
     others = sorted({collective for collective, _ in probe["collectives"]} - {"all_reduce", "barrier"})
-    if probe["off_mean"] > tolerance:
-        if probe["off_own"] == 0.0:
+    changed = [(before, after) for before, after in zip(probe["dtypes_before"], probe["dtypes_after"])
+               if before != after]
+    if changed:
+        (before, after), = set(changed) if len(set(changed)) == 1 else (changed[0],)
+        raise Wrong(f"your function left the parameters in {after}; they were {before}, and the model's next "
+                    "forward pass would fail. Hint: vector_to_parameters gives each parameter the dtype of the "
+                    f"vector it copies from: average them in their own dtype ({before}), or cast the result back "
+                    "before copying it in.")
+    if off["mean"] > tolerance:
+        left_alone = [name for name, holds in probe["tensors"] if holds == "own"]
+        if off["own"] <= tolerance:
             hint = ("your function left the parameters as they were. If you all-reduce a flat copy (torch.cat "
                     "or parameters_to_vector makes a new tensor), copy the result back into the parameters: "
                     "torch.nn.utils.vector_to_parameters(flat, model.parameters()).")
-        elif probe["off_sum"] <= tolerance:
-            hint = ("the parameters hold the sum of both processes' parameters, not their mean: divide by "
+        elif off["sum"] <= tolerance:
+            hint = ("the parameters hold the sum of the processes' parameters, not their mean: divide by "
                     "accelerator.num_processes (Accelerator.reduce sums unless given reduction=\"mean\").")
+        elif processes != 2 and off["sum over 2"] <= tolerance:
+            hint = (f"the parameters hold the sum divided by 2, but this check runs {processes} processes: divide "
+                    "by accelerator.num_processes, not by a number you know.")
+        elif off["mean over processes"] <= tolerance:
+            hint = ("the parameters hold the mean divided once more by the number of processes: ReduceOp.AVG and "
+                    "reduction=\"mean\" already divide by it; divide once.")
+        elif left_alone and all(holds != "other" for _, holds in probe["tensors"]):
+            hint = (f"{', '.join(left_alone)} kept {'its' if len(left_alone) == 1 else 'their'} own values while "
+                    "the other tensors were averaged: average every parameter tensor, weights and biases "
+                    "(model.parameters() yields them all).")
+        elif probe["relative_off_mean"] <= 1e-2:
+            sent = sum(all_reduces)
+            hint = (f"the parameters are near their mean (up to {probe['relative_off_mean']:.0e} of its largest "
+                    f"value apart) but not equal to it, and you all-reduced {sent:,} bytes for "
+                    f"{probe['parameter_bytes']:,} bytes of parameters: a lower-precision copy (bfloat16, float16) "
+                    f"rounds every value. All-reduce the parameters in their own dtype ({probe['dtypes_before'][0]}).")
         else:
             hint = "each parameter should end as the mean of that parameter over the processes, in its own place."
-        raise Wrong(f"given parameters that differ between the 2 processes, your function did not leave every "
-                    f"parameter equal to its mean over them. Hint: {hint}")
+        raise Wrong(f"given parameters that differ between the {processes} processes, your function did not leave "
+                    f"every parameter equal to its mean over them. Hint: {hint}")
     if others:
-        raise Wrong(f"your function averaged the parameters, with {', '.join(others)}. Hint: a gather receives every "
-                    "process's copy; one all-reduce sums them in place, and every process gets the sum.")
+        if all("gather" in collective for collective in others):
+            hint = ("a gather receives every process's copy; one all-reduce sums them in place, and every process "
+                    "gets the sum.")
+        elif "broadcast" in others:
+            hint = ("after the all-reduce every process already holds the same result: the broadcast sends the "
+                    "parameters once more for nothing. One all-reduce, and nothing else.")
+        else:
+            hint = "one all-reduce of all the parameters, and nothing else (a barrier does no harm)."
+        raise Wrong(f"your function averaged the parameters, with {', '.join(others)}. Hint: {hint}")
     if len(all_reduces) != 1:
         per_tensor = len(all_reduces) == probe["parameter_tensors"]
         hint = ("that is one per parameter tensor, as LocalSGD does: put all the parameters in one flat tensor "
@@ -600,6 +926,9 @@ def judge_probe(probe):
 
 def judge_averaging_runs(run, reference):
     """Compare Local SGD with the learner's averaging against Accelerate's LocalSGD, same launch."""
+    if "stopped" in run:
+        raise Wrong(f"inside Local SGD, {run['stopped']}, so the run stopped there. Hint: copy the average back "
+                    "into the parameters in their own dtype and shape.")
     table, intended = communication_table(run), communication_table(reference)
     calls = {row["calls"] for row in table["steps"] if row["after"]}
     difference = largest_weight_difference(run, reference)
@@ -627,13 +956,13 @@ def check_average_parameters(average_parameters):
     measured = launch_learners([(loop, AVERAGING_MICRO_BATCHES, 1),
                                 (lesson_loop(AVERAGING_LOCAL_SGD_STEPS), AVERAGING_MICRO_BATCHES, 1)],
                                "average_parameters(accelerator, model), with the model prepared (in DDP)",
-                               [average_parameters])
+                               [average_parameters], num_processes=AVERAGING_PROCESSES)
     (run, reference), (probe,) = measured["runs"], measured["probes"]
     judge_probe(probe)
     judge_averaging_runs(run, reference)
     intended = communication_table(reference)
     per_averaging = {row["calls"] for row in intended["steps"] if row["after"]}
-    return (f"measured on 2 processes: your function averages the {probe['parameter_tensors']} parameter tensors "
-            f"({probe['parameter_bytes']:,} bytes) in one all-reduce, where LocalSGD issues "
+    return (f"measured on {probe['processes']} processes: your function averages the {probe['parameter_tensors']} "
+            f"parameter tensors ({probe['parameter_bytes']:,} bytes) in one all-reduce, where LocalSGD issues "
             f"{steps_text(sorted(per_averaging))} and a barrier; in Local SGD with k={AVERAGING_LOCAL_SGD_STEPS} it "
-            "sends the same bytes and leaves the same weights as LocalSGD.")
+            "sends the same bytes and ends with LocalSGD's weights, to within a hundredth of the learning rate.")
