@@ -27,6 +27,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -76,7 +77,8 @@ def run_in_processes(worker, worker_args=(), num_processes=2, port=None, timeout
         failure = None
         watchdog = Watchdog(timeout_s)
         try:
-            with _one_thread_per_process(), _quiet_launcher_logs(), watchdog, _frozen_at_fork():
+            with _one_thread_per_process(), _quiet_launcher_logs(), watchdog, _frozen_at_fork(), \
+                    _bitsandbytes_out_of_sight():
                 notebook_launcher(record(_forked_worker), args=(worker, tuple(worker_args), str(results_path)),
                                   num_processes=num_processes, use_port=str(port))
         except ChildFailedError as error:
@@ -242,6 +244,25 @@ def _freeze_before_fork():
 def _unfreeze_in_parent():
     if _freeze_at_fork:
         gc.unfreeze()
+
+
+@contextlib.contextmanager
+def _bitsandbytes_out_of_sight():
+    """Let a launch go ahead in a process that imported bitsandbytes (lesson 04), unless CUDA is initialized.
+
+    Accelerate's notebook_launcher refuses to fork once ``bitsandbytes`` is in ``sys.modules``
+    (accelerate/launchers.py:176-185), because on a GPU its import can initialize CUDA, which a
+    forked process cannot use. What matters is CUDA itself: when it is not initialized, the fork is
+    safe, and the module is hidden from that check only, for the length of the launch.
+    """
+    hidden = {}
+    if not torch.cuda.is_initialized():
+        hidden = {name: sys.modules.pop(name) for name in list(sys.modules)
+                  if name == "bitsandbytes" or name.startswith("bitsandbytes.")}
+    try:
+        yield
+    finally:
+        sys.modules.update(hidden)
 
 
 @contextlib.contextmanager

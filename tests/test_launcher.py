@@ -1,4 +1,6 @@
 """The notebook launcher of lesson 03 (helpers/launcher.py): real processes, and every way a launch can go wrong."""
+import importlib.util
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -34,7 +36,8 @@ def sleeps_forever(accelerator):
 @pytest.fixture(scope="module")
 def launched_despite_everything():
     """One launch, checked several ways below, made under all that once broke a launch from a notebook:
-    an Accelerator already made in this process (as a Trainer in the same kernel would), something else
+    an Accelerator already made in this process (as a Trainer in the same kernel would), bitsandbytes
+    imported (as lesson 04's checks do in the same test process), something else
     listening on the port asked for, and tqdm's lock held (as its monitor thread holds it now and then;
     fork shares that semaphore with the workers, which must get locks of their own).
     """
@@ -44,19 +47,28 @@ def launched_despite_everything():
     from tqdm import tqdm
 
     Accelerator(cpu=True)
+    bitsandbytes_imported = "bitsandbytes" in sys.modules or bool(importlib.util.find_spec("bitsandbytes"))
+    if bitsandbytes_imported:
+        import bitsandbytes  # noqa: F401  (lesson 04's checks import it; Accelerate then refuses to fork)
     with socket.socket() as blocker, tqdm.get_lock():
         blocker.bind(("127.0.0.1", 0))
         blocker.listen()
         busy_port = blocker.getsockname()[1]
         port_was_busy = launcher.port_is_busy(busy_port)
         result = run_in_processes(reports_who_it_is, ("hello",), num_processes=2, port=busy_port, timeout_s=60)
-    return {"result": result, "port was busy": port_was_busy}
+    return {"result": result, "port was busy": port_was_busy, "bitsandbytes imported": bitsandbytes_imported,
+            "bitsandbytes still imported": "bitsandbytes" in sys.modules}
 
 
 def test_a_worker_runs_on_two_processes_and_process_0_returns_its_result(launched_despite_everything):
     expected_device = "cuda" if __import__("torch").cuda.is_available() else "cpu"
     assert launched_despite_everything["result"] == {"greeting": "hello", "processes": 2, "device": expected_device,
                                                      "threads": 1, "progress bar": "ok"}
+
+
+def test_bitsandbytes_imported_before_does_not_stop_the_launch_and_stays_imported(launched_despite_everything):
+    assert launched_despite_everything["bitsandbytes imported"], "bitsandbytes is pinned in requirements.txt"
+    assert launched_despite_everything["bitsandbytes still imported"]
 
 
 def test_a_failing_worker_reports_its_own_traceback_fast():
