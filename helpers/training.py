@@ -56,10 +56,13 @@ def first_logged_losses(model, train_dataset, tokenizer, steps, micro_batch_size
     from transformers import DataCollatorWithPadding, Trainer, TrainingArguments
     from transformers.trainer_callback import PrinterCallback
 
-    args = TrainingArguments(output_dir=tempfile.mkdtemp(), max_steps=steps, logging_steps=1,
-                             per_device_train_batch_size=micro_batch_size, gradient_accumulation_steps=accumulation,
-                             save_strategy="no", report_to="none", disable_tqdm=True, **arguments)
-    with global_random_state_kept():  # Trainer seeds the global generators; the caller's random numbers stay theirs
+    # save_strategy="no": nothing is written, and the folder goes when the run ends
+    with tempfile.TemporaryDirectory() as output_dir, global_random_state_kept():
+        # Trainer seeds the global generators; the caller's random numbers stay theirs
+        args = TrainingArguments(output_dir=output_dir, max_steps=steps, logging_steps=1,
+                                 per_device_train_batch_size=micro_batch_size,
+                                 gradient_accumulation_steps=accumulation, save_strategy="no",
+                                 report_to="none", disable_tqdm=True, **arguments)
         trainer = Trainer(model=model, args=args, train_dataset=train_dataset,
                           data_collator=DataCollatorWithPadding(tokenizer))
         trainer.remove_callback(PrinterCallback)  # without a progress bar, Trainer would print every log
