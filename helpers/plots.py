@@ -39,11 +39,11 @@ def _require_positive_int(value, name):
 
 
 def three_levers_figure(highlight="memory"):
-    """Lesson 01: the three levers of efficient training, one of them highlighted."""
+    """Lesson 01 (and 03, 04, 05): the three levers of efficient training, one of them highlighted."""
     levers = {
         "memory": ("Memory\nefficiency", "gradient checkpointing,\noptimizer state"),
         "communication": ("Communication\nefficiency", "Local SGD"),
-        "computation": ("Computation\nefficiency", "doing less work\nper step"),
+        "computation": ("Computation\nefficiency", "mixed precision\n(16-bit arithmetic)"),
     }
     if highlight not in levers:
         raise ValueError(f"highlight must be one of {', '.join(levers)}, not {highlight!r}")
@@ -338,5 +338,35 @@ def memory_grid_figure(states, columns=16):
         ax.grid(which="minor", color="white", lw=1.5)
         ax.tick_params(which="both", length=0, labelbottom=False, labelleft=False)
         ax.set_title(f"{name}: {value_bytes} bytes per parameter", fontsize=10, loc="left")
+    fig.tight_layout()
+    return fig
+
+
+def loss_curves_figure(curves, title=None):
+    """Lesson 05: training loss against optimizer step, one line per run (float32 against bfloat16).
+
+    ``curves`` maps a run's name to a list of (optimizer step, loss) pairs, in the order of the steps.
+    """
+    _require_some(curves, "curves", "run name mapped to its (step, loss) pairs")
+    for name, points in curves.items():
+        _require_some(points, f"curves[{name!r}]", "(step, loss) pair")
+        if any(len(point) != 2 for point in points):
+            raise ValueError(f"curves[{name!r}] must hold (step, loss) pairs, got {points[:3]!r}...")
+        finite = [loss for _, loss in points if math.isfinite(loss)]
+        if len(finite) < len(points):
+            raise ValueError(f"curves[{name!r}] holds {len(points) - len(finite)} losses that are not finite "
+                             "(inf or NaN): the run diverged; plot it after you have found out why")
+    fig = Figure(figsize=(7.5, 3.6))
+    ax = fig.add_subplot()
+    styles = ["-", "--", ":", "-."]
+    for i, (name, points) in enumerate(curves.items()):
+        steps, losses = zip(*points)
+        ax.plot(steps, losses, styles[i % len(styles)], lw=2, label=name)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("training loss")
+    if title:
+        ax.set_title(title, fontsize=11)
+    ax.grid(alpha=0.3)
+    ax.legend()
     fig.tight_layout()
     return fig

@@ -1,4 +1,4 @@
-"""Measured values checked against the ranges a lesson declares (lessons 01-04, in each summary cell).
+"""Measured values checked against the ranges a lesson declares (lessons 01-05, in each summary cell).
 
 A count, a shape or a byte count computed from shapes is the same on every machine: the lessons
 print it as it is, and the tests replay it exactly. A loss, an accuracy or a time ratio depends on

@@ -39,6 +39,7 @@ OPTIMIZER_ROWS = [{"name": "AdamW", "bytes_per_parameter": 8.0, "gives_up": "not
 GRADIENTS = [0.5 + (-1) ** i * 0.3 for i in range(200)]
 GRID = {"gradient": torch.full((32,), 0.1), "EMA of gradients": torch.full((32,), 0.01),  # float32, as AdamW's
         "EMA of squared gradients": torch.full((32,), 0.001)}
+CURVES = {"float32": [(10, 0.69), (20, 0.5)], "bfloat16": [(10, 0.7), (20, 0.52)]}
 
 # function name -> (arguments, number of panels, words the figure must show)
 GOOD = {
@@ -59,6 +60,8 @@ GOOD = {
     "ema_figure": (dict(gradients=GRADIENTS, exp_avg=GRADIENTS, exp_avg_sq=GRADIENTS, bias_corrected=True, mean=0.5,
                         second_moment=1.25), 2, ["step", "exp_avg, bias-corrected", "true second moment: 1.25"]),
     "memory_grid_figure": (dict(states=GRID), 3, ["gradient: 4 bytes per parameter"]),
+    "loss_curves_figure": (dict(curves=CURVES, title="tiny DistilBERT"), 1,
+                           ["float32", "bfloat16", "optimizer step", "training loss", "tiny DistilBERT"]),
 }
 
 
@@ -111,6 +114,9 @@ def test_the_memory_grid_reads_the_bytes_from_the_dtype():
 
 BAD = [
     ("three_levers_figure", dict(highlight="speed"), "highlight must be one of memory, communication, computation"),
+    ("loss_curves_figure", dict(curves={}), "curves is empty"),
+    ("loss_curves_figure", dict(curves={"bf16": [(1, 0.5, 0.1)]}), r"curves\['bf16'\] must hold \(step, loss\) pairs"),
+    ("loss_curves_figure", dict(curves={"fp16": [(1, float("nan"))]}), "not finite .* the run diverged"),
     ("recompute_graph_figure", dict(statuses_by_mode={}), "statuses_by_mode is empty"),
     ("recompute_graph_figure", dict(statuses_by_mode={"m": {"D": "kept"}}), r"unknown node \['D'\].*x, A, B, C, loss"),
     ("recompute_graph_figure", dict(statuses_by_mode={"m": {"A": "saved"}}), "unknown status.*use one of input"),

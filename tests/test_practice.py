@@ -142,7 +142,8 @@ def test_a_learners_nan_is_not_quite_never_a_check_that_failed_itself():
 
 # --- the notebooks ------------------------------------------------------------------------
 
-LESSONS = ["01_gradient_checkpointing", "02_trainer_and_accelerator", "03_local_sgd", "04_adamw"]
+LESSONS = ["01_gradient_checkpointing", "02_trainer_and_accelerator", "03_local_sgd", "04_adamw",
+           "05_mixed_precision"]
 
 
 @pytest.mark.parametrize("stem", LESSONS)

@@ -1,4 +1,4 @@
-"""The verdicts every practice check prints, and the tools the checks share (lessons 01-04).
+"""The verdicts every practice check prints, and the tools the checks share (lessons 01-05).
 
 Every ``check_...`` function prints one verdict in plain words and returns nothing:
 
