@@ -2,14 +2,14 @@
 operation ran in, shapes-only runs, and bfloat16 matrix multiplies on a CPU without a bfloat16 kernel.
 
 ``autocast_for("bfloat16", "cpu")`` is the context a forward pass runs in for that precision: nothing at all for
-"float32", ``torch.autocast`` for "bfloat16" and "float16". Unlike ``torch.autocast`` itself, which only warns and
-switches itself off when asked for a dtype it cannot run (torch/amp/autocast_mode.py), it refuses bad input with
+"float32", ``torch.autocast`` for "bfloat16" and "float16". Unlike ``torch.autocast`` itself, which on a CPU only warns
+and switches itself off when asked for a dtype it cannot run (torch/amp/autocast_mode.py), it refuses bad input with
 a sentence saying what to pass instead. ``DtypeCounter``, a dispatch mode, counts for each ATen operation that
-computed something (views left out) the dtype of its output: what autocast really did, op by op. The lesson and
+computed something (views, in-place and out= operations left out) the dtype of its output: what autocast really did, op by op. The lesson and
 the practice checks of lesson 05 use both.
 
 ``on_fake_tensors()`` runs PyTorch's fake tensors: every operation's shape and dtype logic, no arithmetic, so
-that bytes and dtypes are measured in a second even where bfloat16 arithmetic is slow. ``has_fast_bfloat16_kernels``
+that bytes and dtypes are measured quickly even where bfloat16 arithmetic is slow. ``has_fast_bfloat16_kernels``
 says whether bfloat16 matrix multiplies have a fast kernel here, and ``BFloat16MatmulsOnFloat32Kernels``
 computes them with the float32 kernel where they have none (lesson 05's training runs).
 """
@@ -35,9 +35,9 @@ def autocast_dtype(precision):
             return None
         if precision not in AUTOCAST_DTYPES:
             raise ValueError(
-                f"autocast runs operations in torch.bfloat16 or torch.float16, not in {precision}; torch.autocast "
-                "would only warn and switch itself off, and everything would run in float32. Pass 'bfloat16', "
-                "'float16', or 'float32' for no autocast.")
+                f"autocast runs operations in torch.bfloat16 or torch.float16, not in {precision}; on a CPU, "
+                "torch.autocast would only warn and switch itself off, and everything would run in float32. Pass "
+                "'bfloat16', 'float16', or 'float32' for no autocast.")
         return precision
     if not isinstance(precision, str):
         raise TypeError(f"precision must be a name such as 'bfloat16' (or a torch dtype), got {precision!r}")
@@ -75,7 +75,10 @@ def dtype_name(dtype):
 
 
 class DtypeCounter(TorchDispatchMode):
-    """Counts (ATen operation, dtype of its first output) for every operation that runs under it, views left out.
+    """Counts (ATen operation, dtype of its first output) for every operation that runs under it.
+
+    Left out: views, in-place and ``out=`` operations (any whose result aliases an input, such as a dropout mask
+    filled in place).
 
     It sits below autocast in PyTorch's dispatcher, so it sees the operations as autocast ran them: an ``addmm``
     on bfloat16 copies, and the copies themselves (``_to_copy``).
@@ -114,13 +117,14 @@ def on_fake_tensors():
 def has_fast_bfloat16_kernels(device_type="cpu"):
     """Whether bfloat16 matrix multiplies have a fast kernel on ``device_type`` ('cpu' or 'cuda').
 
-    On a GPU: bfloat16 support (``torch.cuda.is_bf16_supported``). On a CPU: oneDNN's bfloat16 path, which needs
-    AVX-512 (BW, VL, DQ) on x86 or the BF16 extension on ARM (``mkldnn_bf16_device_check`` in PyTorch's
+    On a GPU: native bfloat16 support (``torch.cuda.is_bf16_supported(including_emulation=False)``; a GPU
+    before Ampere only emulates bfloat16). On a CPU: oneDNN's bfloat16 path, which needs AVX-512 (BW, VL, DQ) or
+    AVX-NE-CONVERT on x86, or the BF16 extension on ARM (``mkldnn_bf16_device_check`` in PyTorch's
     aten/src/ATen/native/mkldnn/Utils.h). Without it, PyTorch multiplies bfloat16 matrices in a generic loop that
     is many times slower than its float32 kernel (lesson 05 times both).
     """
     if device_type == "cuda":
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
     if device_type != "cpu":
         raise ValueError(f"device_type must be 'cpu' or 'cuda' (a device's .type), got {device_type!r}")
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
@@ -132,7 +136,7 @@ class BFloat16MatmulsOnFloat32Kernels(TorchDispatchMode):
     The inputs are bfloat16 numbers, which float32 holds exactly; their products are exact in float32 (8 + 8
     significant bits fit in 24), the sums accumulate in float32, and the result is rounded to bfloat16 once: what
     a bfloat16 matrix multiply with float32 accumulation computes, up to the order of the additions. Use it where
-    ``has_fast_bfloat16_kernels()`` is False, to train under bfloat16 autocast at about float32's speed. It sits
+    ``has_fast_bfloat16_kernels()`` is False, so that training under bfloat16 autocast does not take the generic loop. It sits
     below autocast, so autocast still decides which operations run in bfloat16; ``calls`` counts the multiplies
     it computed.
     """
