@@ -3,7 +3,7 @@
 It lives at the repository root, not in tests/, because pytest loads a conftest.py only for the folders it
 collects from: `make test-other-cpu` collects notebooks/ alone, and its notebook kernels must get the same
 settings (without them, two kernels of two threads each on two cores spin-waited for each other, and that
-target took 13 minutes instead of about 4).
+target took 13 minutes instead of 3).
 """
 import os
 
