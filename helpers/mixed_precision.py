@@ -5,8 +5,8 @@ operation ran in, shapes-only runs, and bfloat16 matrix multiplies on a CPU with
 "float32", ``torch.autocast`` for "bfloat16" and "float16". Unlike ``torch.autocast`` itself, which on a CPU only warns
 and switches itself off when asked for a dtype it cannot run (torch/amp/autocast_mode.py), it refuses bad input with
 a sentence saying what to pass instead. ``DtypeCounter``, a dispatch mode, counts for each ATen operation that
-computed something (views, in-place and out= operations left out) the dtype of its output: what autocast really did, op by op. The lesson and
-the practice checks of lesson 05 use both.
+computed something (views, in-place and out= operations left out) the dtype of its output: what autocast really
+did, op by op. The lesson and the practice checks of lesson 05 use both.
 
 ``on_fake_tensors()`` runs PyTorch's fake tensors: every operation's shape and dtype logic, no arithmetic, so
 that bytes and dtypes are measured quickly even where bfloat16 arithmetic is slow. ``has_fast_bfloat16_kernels``
@@ -103,7 +103,6 @@ class DtypeCounter(TorchDispatchMode):
         return out
 
 
-
 def on_fake_tensors():
     """A context in which operations compute shapes and dtypes only, on fake tensors, and no arithmetic.
 
@@ -136,9 +135,9 @@ class BFloat16MatmulsOnFloat32Kernels(TorchDispatchMode):
     The inputs are bfloat16 numbers, which float32 holds exactly; their products are exact in float32 (8 + 8
     significant bits fit in 24), the sums accumulate in float32, and the result is rounded to bfloat16 once: what
     a bfloat16 matrix multiply with float32 accumulation computes, up to the order of the additions. Use it where
-    ``has_fast_bfloat16_kernels()`` is False, so that training under bfloat16 autocast does not take the generic loop. It sits
-    below autocast, so autocast still decides which operations run in bfloat16; ``calls`` counts the multiplies
-    it computed.
+    ``has_fast_bfloat16_kernels()`` is False, so that training under bfloat16 autocast does not take the generic
+    loop. It sits below autocast, so autocast still decides which operations run in bfloat16; ``calls`` counts the
+    multiplies it computed.
     """
 
     MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,

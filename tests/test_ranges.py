@@ -96,7 +96,7 @@ def test_nbval_passes_another_value_in_range_and_fails_one_outside(tmp_path):
 
 
 def declared_ranges(lesson):
-    """A lesson's ``EXPECTED = {...}`` (in its summary cell or the cell before it), and the summary's stored text.
+    """A lesson's ``EXPECTED = {...}`` (in whichever cell declares it), and its ``print_measured`` cell's stored text.
 
     A range written as a name, not a literal (lesson 05's ``SPEED_RANGE``, chosen by the machine's kernels and hidden
     by its own sanitizer), is left out here.

@@ -173,8 +173,10 @@ def trainer_first_loss(make_training_args):
     from transformers.trainer_callback import PrinterCallback
 
     examples, tokenizer = _examples(16)
-    with fresh_accelerate_state(), global_random_state_kept():
-        args = make_training_args(tempfile.mkdtemp())
+    # save_strategy="no": nothing is written, and the folder goes when the check ends (as in practice 2's checks)
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as output_dir, fresh_accelerate_state(), \
+            global_random_state_kept():
+        args = make_training_args(output_dir)
         args.max_steps, args.per_device_train_batch_size, args.logging_steps = 1, 16, 1  # one step, 16 examples
         args.disable_tqdm, args.report_to, args.save_strategy = True, [], "no"
         trainer = Trainer(model=tiny_model(), args=args, train_dataset=examples,
@@ -227,8 +229,9 @@ def check_bf16_setups(make_training_args, make_accelerator):
     from transformers import TrainingArguments
 
     (reference_loss, _, _), (reference_forward, _, _) = intended_5_2()
-    with fresh_accelerate_state():  # TrainingArguments resets Accelerate's state: the learner's is put back
-        args = call_learner(make_training_args, tempfile.mkdtemp(), name="make_training_args", hints=TRAINER_HINTS)
+    # TrainingArguments resets Accelerate's state: the learner's is put back
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as output_dir, fresh_accelerate_state():
+        args = call_learner(make_training_args, output_dir, name="make_training_args", hints=TRAINER_HINTS)
     if not isinstance(args, TrainingArguments):
         raise Wrong(f"make_training_args should return TrainingArguments(...), but returned {type(args).__name__}.")
     loss, bf16_matmuls, precision = call_learner(trainer_first_loss, make_training_args,
