@@ -14,6 +14,7 @@ says whether bfloat16 matrix multiplies have a fast kernel here, and ``BFloat16M
 computes them with the float32 kernel where they have none (lesson 05's training runs).
 """
 import contextlib
+import warnings
 from collections import Counter
 
 import torch
@@ -129,28 +130,51 @@ def has_fast_bfloat16_kernels(device_type="cpu"):
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
-class BFloat16MatmulsOnFloat32Kernels(TorchDispatchMode):
-    """Computes every bfloat16 matrix multiply (mm, addmm, bmm, baddbmm) with the float32 kernel, rounded to bfloat16.
+class BFloat16MatmulsOnFloat32Kernels:
+    """On a CPU, each bfloat16 mm, addmm, bmm and baddbmm computed by the float32 kernel, rounded to bfloat16 once.
 
     The inputs are bfloat16 numbers, which float32 holds exactly; their products are exact in float32 (8 + 8
     significant bits fit in 24), the sums accumulate in float32, and the result is rounded to bfloat16 once: what
     a bfloat16 matrix multiply with float32 accumulation computes, up to the order of the additions. Use it where
     ``has_fast_bfloat16_kernels()`` is False, so that training under bfloat16 autocast does not take the generic
-    loop. It sits below autocast, so autocast still decides which operations run in bfloat16; ``calls`` counts the
-    multiplies it computed.
+    loop. While the block lasts, PyTorch's dispatcher calls this class's kernels instead of its own CPU kernels
+    of those four operations (``torch.library.Library("aten", "IMPL")``, the documented way to override an
+    operator from Python); they sit below autocast, so autocast still decides which operations run in bfloat16.
+    Other dtypes go to PyTorch's own kernel (the ``out=`` overload, which the block leaves alone). ``calls``
+    counts the multiplies it computed; the block affects the whole process, every thread.
     """
 
-    MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
-               torch.ops.aten.baddbmm.default}
+    MATMULS = ("mm", "addmm", "bmm", "baddbmm")
 
     def __init__(self):
-        super().__init__()
         self.calls = 0
+        self._library = None
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in self.MATMULS and any(isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 for a in args):
-            self.calls += 1
-            widened = [a.float() if isinstance(a, torch.Tensor) else a for a in args]
-            return func(*widened, **kwargs).to(torch.bfloat16)
-        return func(*args, **kwargs)
+    def _kernel(self, name):
+        into = getattr(torch.ops.aten, name).out  # PyTorch's own CPU kernel, writing into a given tensor
+
+        def kernel(*args, **kwargs):
+            bfloat16 = any(isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 for a in args)
+            if bfloat16:
+                self.calls += 1
+                args = [a.float() if isinstance(a, torch.Tensor) else a for a in args]
+            dtype = next(a.dtype for a in args if isinstance(a, torch.Tensor))
+            out = into(*args, **kwargs, out=torch.empty(0, dtype=dtype))  # resized by the kernel
+            return out.to(torch.bfloat16) if bfloat16 else out
+
+        return kernel
+
+    def __enter__(self):
+        if self._library is not None:
+            raise RuntimeError("this BFloat16MatmulsOnFloat32Kernels is already in use: enter it once at a time, "
+                               "or make a second one")
+        self._library = torch.library.Library("aten", "IMPL")
+        with warnings.catch_warnings():  # each registration warns that it overrides PyTorch's kernel: it is meant to
+            warnings.simplefilter("ignore")
+            for name in self.MATMULS:
+                self._library.impl(name, self._kernel(name), "CPU")
+        return self
+
+    def __exit__(self, *exc_info):
+        self._library._destroy()  # PyTorch's own kernels again (as torch.library._scoped_library ends)
+        self._library = None

@@ -17,20 +17,31 @@ MICRO_BATCH_SIZE = 16  # examples in one forward + backward
 TRAINER_ACCUMULATION = 4  # micro-batches per optimizer step (gradient_accumulation_steps)
 
 
-def compute_metrics(eval_prediction):
-    """Trainer's ``compute_metrics``: accuracy and F1 (of the paraphrase class) with scikit-learn."""
-    from sklearn.metrics import accuracy_score, f1_score  # on first use: its import draws from `random`
+def accuracy_and_f1(labels, predictions):
+    """Accuracy, and F1 of the paraphrase class (label 1): 2 TP / (2 TP + FP + FN).
 
+    F1 is 0 when no label and no prediction is 1 (scikit-learn's default).
+    """
+    labels, predictions = np.asarray(labels), np.asarray(predictions)
+    if labels.shape != predictions.shape or labels.ndim != 1:
+        raise ValueError(f"labels {labels.shape} and predictions {predictions.shape}: "
+                         "give one class per example, the argmax of the logits")
+    true_positives = int(np.sum((predictions == 1) & (labels == 1)))
+    wrong = int(np.sum(predictions != labels))  # false positives + false negatives
+    f1 = (2 * true_positives / (2 * true_positives + wrong)
+          if true_positives + wrong else 0.0)
+    return {"accuracy": float(np.mean(predictions == labels)), "f1": f1}
+
+
+def compute_metrics(eval_prediction):
+    """Trainer's ``compute_metrics``: accuracy and F1, from the logits."""
     logits, labels = eval_prediction.predictions, eval_prediction.label_ids
-    predictions = np.argmax(logits, axis=-1)
-    return {"accuracy": accuracy_score(labels, predictions), "f1": f1_score(labels, predictions)}
+    return accuracy_and_f1(labels, np.argmax(logits, axis=-1))
 
 
 @torch.no_grad()
 def evaluate(model, dataloader, device=None):
     """Mean loss, accuracy and F1 of ``model`` over ``dataloader``, in evaluation mode."""
-    from sklearn.metrics import accuracy_score, f1_score
-
     was_training = model.training
     model.eval()
     losses, predictions, labels = [], [], []
@@ -42,8 +53,7 @@ def evaluate(model, dataloader, device=None):
         labels.append(batch["labels"].cpu())
     model.train(was_training)
     predictions, labels = torch.cat(predictions).numpy(), torch.cat(labels).numpy()
-    return {"loss": sum(losses) / len(labels), "accuracy": accuracy_score(labels, predictions),
-            "f1": f1_score(labels, predictions)}
+    return {"loss": sum(losses) / len(labels), **accuracy_and_f1(labels, predictions)}
 
 
 def first_logged_losses(model, train_dataset, tokenizer, steps, micro_batch_size, accumulation, **arguments):

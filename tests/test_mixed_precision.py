@@ -218,3 +218,31 @@ def test_under_autocast_the_route_trains_like_bfloat16s_own_kernel():
     assert route_out.dtype == torch.bfloat16
     assert (kernel_out == route_out).float().mean() > 0.99  # the rest: the order of the additions
     assert ((kernel_grad - route_grad).norm() / kernel_grad.norm()) < 0.01
+
+
+def test_the_route_gives_pytorchs_own_kernels_back_after_its_block_even_after_an_error():
+    from helpers.mixed_precision import BFloat16MatmulsOnFloat32Kernels
+
+    a, b = torch.randn(8, 8).bfloat16(), torch.randn(8, 8).bfloat16()
+    route = BFloat16MatmulsOnFloat32Kernels()
+    with pytest.raises(ZeroDivisionError):
+        with route:
+            a @ b
+            1 / 0
+    a @ b, torch.baddbmm(a[None], a[None], b[None])  # after the block: PyTorch's kernels, not counted
+    assert route.calls == 1
+    with route:  # and the same route can be entered again
+        a @ b
+    assert route.calls == 2
+
+
+def test_the_route_cannot_be_entered_twice_at_once():
+    from helpers.mixed_precision import BFloat16MatmulsOnFloat32Kernels
+
+    route = BFloat16MatmulsOnFloat32Kernels()
+    with route:
+        with pytest.raises(RuntimeError, match="already in use"):
+            with route:
+                pass
+        torch.randn(4, 4).bfloat16() @ torch.randn(4, 4).bfloat16()  # still routed
+    assert route.calls == 1

@@ -7,9 +7,11 @@ Issue 16's time targets (on 2 cores): a lesson notebook (notebooks/0N_*.ipynb) u
 notebook under 20 s, every cell under 15 s. A notebook that misses one is marked OVER in the table's last
 column and listed at the end; that is a warning, not a failure (times depend on the machine and its load).
 
-Writes the same table as JSON to build/bench/bench.json (git-ignored).
+Writes the same table as JSON to build/bench/bench.json (git-ignored). With BENCH_EXECUTED_DIR set, each
+executed notebook (a failed one too) is also written there, to read its outputs.
 """
 import json
+import os
 import re
 import resource
 import subprocess
@@ -56,7 +58,13 @@ def run_one(path):
     client = NotebookClient(notebook, timeout=600, resources={"metadata": {"path": str(Path(path).parent)}},
                             on_cell_execute=cell_started, on_cell_executed=cell_done)
     start = time.perf_counter()
-    client.execute()
+    try:
+        client.execute()
+    finally:  # BENCH_EXECUTED_DIR keeps each executed copy, a failed one too, to read its outputs
+        if os.environ.get("BENCH_EXECUTED_DIR"):
+            kept = Path(os.environ["BENCH_EXECUTED_DIR"])
+            kept.mkdir(parents=True, exist_ok=True)
+            nbformat.write(notebook, kept / Path(path).name)
     wall_s = time.perf_counter() - start
     # ru_maxrss of waited-for children: the kernel and every process it started (KiB on Linux)
     peak_rss_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
