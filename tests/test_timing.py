@@ -1,4 +1,4 @@
-"""median_seconds of lesson 01, on a clock the test controls."""
+"""median_seconds and the interleaved timing of lesson 01, on a clock the test controls."""
 from types import SimpleNamespace
 
 import pytest
@@ -31,3 +31,34 @@ def test_bad_counts_say_what_is_valid(arguments, message):
 def test_a_step_that_is_not_a_function_is_named():
     with pytest.raises(TypeError, match="step_fn must be a function to call"):
         timing.median_seconds(42)
+
+
+def test_interleaved_timing_runs_one_of_each_per_round_after_the_warmup(monkeypatch):
+    clock = SimpleNamespace(now=0.0)
+    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=lambda: clock.now))
+    order = []
+    cost = {"a": 1.0, "b": 3.0}
+
+    def step(name):
+        order.append(name)
+        clock.now += cost[name] * (10 if len(order) <= 2 else 1)  # the warmup round is slow
+
+    rounds = timing.interleaved_seconds({"a": lambda: step("a"), "b": lambda: step("b")}, repeats=3, warmup=1)
+    assert order == ["a", "b"] * 4
+    assert rounds == {"a": [1.0] * 3, "b": [3.0] * 3}
+    assert timing.interleaved_median_seconds({"a": lambda: step("a")}, repeats=2, warmup=0) == {"a": 1.0}
+
+
+def test_interleaved_timing_puts_the_thread_count_back_and_names_bad_input():
+    import torch
+
+    before = torch.get_num_threads()
+    seen = []
+    timing.interleaved_seconds({"a": lambda: seen.append(torch.get_num_threads())}, repeats=1, warmup=0, threads=1)
+    assert seen == [1] and torch.get_num_threads() == before
+    with pytest.raises(TypeError, match="dict of name -> function"):
+        timing.interleaved_seconds([lambda: None])
+    with pytest.raises(TypeError, match="dict of name -> function"):
+        timing.interleaved_seconds({"a": 42})
+    with pytest.raises(ValueError, match="repeats must be an integer >= 1"):
+        timing.interleaved_seconds({"a": lambda: None}, repeats=0)
