@@ -56,11 +56,15 @@ def validate_local_sgd_steps(local_sgd_steps):
 
 
 def train_loop(accelerator, model, optimizer, lr_scheduler, batches, local_sgd_steps):
-    """Lesson 2's Accelerate loop (no checkpointing), plus the lines marked NEW; ``local_sgd_steps=None`` is DDP."""
+    """Lesson 2's Accelerate loop (no checkpointing), plus the lines marked NEW.
+
+    ``local_sgd_steps=None`` is DDP: the LocalSGD block is then switched off.
+    """
     from accelerate.local_sgd import LocalSGD
 
     model.train()
-    with LocalSGD(accelerator=accelerator, model=model, local_sgd_steps=local_sgd_steps or 1,  # NEW
+    with LocalSGD(accelerator=accelerator, model=model,  # NEW
+                  local_sgd_steps=local_sgd_steps or 1,  # NEW
                   enabled=local_sgd_steps is not None) as local_sgd:  # NEW
         for batch in batches:
             with accelerator.accumulate(model):
@@ -73,7 +77,8 @@ def train_loop(accelerator, model, optimizer, lr_scheduler, batches, local_sgd_s
                 lr_scheduler.step()
                 optimizer.zero_grad()
                 local_sgd.step()  # NEW: counts micro-batches, not optimizer steps
-    # NEW: leaving the LocalSGD block averaged the parameters one last time (with enabled=False: nothing)
+    # NEW: leaving the LocalSGD block averaged the parameters one last time
+    # (with enabled=False: nothing)
 
 
 def micro_batches(dataloader, count):

@@ -20,11 +20,12 @@ def memory_key(tensor):
 
 
 def optimizer_state_size(optimizer):
-    """(elements, bytes) of the tensors in ``optimizer.state``, each block of memory counted once.
+    """(elements, bytes) of the tensors in ``optimizer.state``, each memory block once.
 
-    Entries that are not tensors (a step counter kept as a Python int) are skipped. A tensor that
-    several parameters' states share (bitsandbytes' lookup tables) is counted once, at its first entry;
-    bytes are those of the memory block each tensor lives in, without copying anything.
+    Entries that are not tensors (a step counter kept as a Python int) are skipped.
+    A tensor that several parameters' states share (bitsandbytes' lookup tables) is
+    counted once, at its first entry; bytes are those of the memory block each tensor
+    lives in, without copying anything.
     """
     seen, elements, n_bytes = set(), 0, 0
     for state in optimizer.state.values():
