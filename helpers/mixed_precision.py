@@ -154,11 +154,12 @@ class BFloat16MatmulsOnFloat32Kernels:
         into = getattr(torch.ops.aten, name).out  # PyTorch's own CPU kernel, writing into a given tensor
 
         def kernel(*args, **kwargs):
-            bfloat16 = any(isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 for a in args)
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            bfloat16 = all(t.dtype == torch.bfloat16 for t in tensors)  # mixed dtypes: PyTorch's error
             if bfloat16:
                 self.calls += 1
                 args = [a.float() if isinstance(a, torch.Tensor) else a for a in args]
-            dtype = next(a.dtype for a in args if isinstance(a, torch.Tensor))
+            dtype = torch.float32 if bfloat16 else tensors[0].dtype
             out = into(*args, **kwargs, out=torch.empty(0, dtype=dtype))  # resized by the kernel
             return out.to(torch.bfloat16) if bfloat16 else out
 
@@ -169,10 +170,14 @@ class BFloat16MatmulsOnFloat32Kernels:
             raise RuntimeError("this BFloat16MatmulsOnFloat32Kernels is already in use: enter it once at a time, "
                                "or make a second one")
         self._library = torch.library.Library("aten", "IMPL")
-        with warnings.catch_warnings():  # each registration warns that it overrides PyTorch's kernel: it is meant to
-            warnings.simplefilter("ignore")
-            for name in self.MATMULS:
-                self._library.impl(name, self._kernel(name), "CPU")
+        try:
+            with warnings.catch_warnings():  # the first override warns that it replaces PyTorch's kernel: meant
+                warnings.simplefilter("ignore")
+                for name in self.MATMULS:
+                    self._library.impl(name, self._kernel(name), "CPU")
+        except BaseException:  # none of the four stays overridden
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc_info):

@@ -23,9 +23,12 @@ def accuracy_and_f1(labels, predictions):
     F1 is 0 when no label and no prediction is 1 (scikit-learn's default).
     """
     labels, predictions = np.asarray(labels), np.asarray(predictions)
-    if labels.shape != predictions.shape or labels.ndim != 1:
+    if labels.shape != predictions.shape or labels.ndim != 1 or labels.size == 0:
         raise ValueError(f"labels {labels.shape} and predictions {predictions.shape}: "
                          "give one class per example, the argmax of the logits")
+    if not np.isin(labels, (0, 1)).all() or not np.isin(predictions, (0, 1)).all():
+        raise ValueError("labels and predictions must be 0 or 1 (two classes), got "
+                         f"{sorted(set(labels.tolist()) | set(predictions.tolist()))}")
     true_positives = int(np.sum((predictions == 1) & (labels == 1)))
     wrong = int(np.sum(predictions != labels))  # false positives + false negatives
     f1 = (2 * true_positives / (2 * true_positives + wrong)

@@ -188,14 +188,19 @@ def test_the_float32_route_computes_a_bfloat16_matmul_rounded_once_and_leaves_fl
     a16, b16, bias16 = a.bfloat16(), b.bfloat16(), bias.bfloat16()
     with BFloat16MatmulsOnFloat32Kernels() as route:
         product = a16 @ b16
-        with_bias = torch.addmm(bias16, a16, b16)
+        with_bias = torch.addmm(bias16, a16, b16, beta=0.5, alpha=2.0)  # beta, alpha: keyword-only
         batched = torch.bmm(a16[None], b16[None])
+        batched_with_bias = torch.baddbmm(bias16, a16[None], b16[None], beta=0.5, alpha=2.0)
         untouched = a @ b  # float32: not the route's business
-    assert route.calls == 3
-    assert product.dtype == with_bias.dtype == batched.dtype == torch.bfloat16
+        with pytest.raises(RuntimeError, match="same dtype"):  # mixed dtypes: PyTorch's own error
+            a @ b16
+    assert route.calls == 4
+    assert product.dtype == with_bias.dtype == batched.dtype == batched_with_bias.dtype == torch.bfloat16
     assert torch.equal(product, (a16.float() @ b16.float()).bfloat16())
-    assert torch.equal(with_bias, torch.addmm(bias16.float(), a16.float(), b16.float()).bfloat16())
+    expected = torch.addmm(bias16.float(), a16.float(), b16.float(), beta=0.5, alpha=2.0).bfloat16()
+    assert torch.equal(with_bias, expected)
     assert torch.equal(batched[0], product)
+    assert torch.equal(batched_with_bias[0], expected)
     assert torch.equal(untouched, a @ b)
 
 
@@ -245,4 +250,27 @@ def test_the_route_cannot_be_entered_twice_at_once():
             with route:
                 pass
         torch.randn(4, 4).bfloat16() @ torch.randn(4, 4).bfloat16()  # still routed
+    assert route.calls == 1
+
+
+def test_a_route_that_fails_to_start_leaves_no_kernel_overridden(monkeypatch):
+    from helpers.mixed_precision import BFloat16MatmulsOnFloat32Kernels
+
+    real_impl = torch.library.Library.impl
+
+    def impl_failing_at_bmm(library, name, *args, **kwargs):
+        if name == "bmm":
+            raise RuntimeError("registration failed")
+        return real_impl(library, name, *args, **kwargs)
+
+    monkeypatch.setattr(torch.library.Library, "impl", impl_failing_at_bmm)
+    route = BFloat16MatmulsOnFloat32Kernels()
+    with pytest.raises(RuntimeError, match="registration failed"):
+        route.__enter__()
+    monkeypatch.undo()
+    a = torch.randn(4, 4).bfloat16()
+    a @ a, torch.addmm(a, a, a)  # mm and addmm were overridden before bmm failed: PyTorch's own again
+    assert route.calls == 0
+    with route:  # and the route is not stuck "in use"
+        a @ a
     assert route.calls == 1

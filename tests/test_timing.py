@@ -54,8 +54,16 @@ def test_interleaved_timing_puts_the_thread_count_back_and_names_bad_input():
 
     before = torch.get_num_threads()
     seen = []
-    timing.interleaved_seconds({"a": lambda: seen.append(torch.get_num_threads())}, repeats=1, warmup=0, threads=1)
-    assert seen == [1] and torch.get_num_threads() == before
+    timing.interleaved_seconds({"a": lambda: seen.append(torch.get_num_threads())}, repeats=1, warmup=0,
+                               threads=before + 1)
+    assert seen == [before + 1] and torch.get_num_threads() == before
+
+    def failing_step():
+        raise ZeroDivisionError
+
+    with pytest.raises(ZeroDivisionError):
+        timing.interleaved_seconds({"a": failing_step}, threads=before + 1)
+    assert torch.get_num_threads() == before
     with pytest.raises(TypeError, match="dict of name -> function"):
         timing.interleaved_seconds([lambda: None])
     with pytest.raises(TypeError, match="dict of name -> function"):

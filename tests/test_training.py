@@ -33,3 +33,10 @@ def test_compute_metrics_takes_the_argmax_of_the_logits():
 def test_logits_instead_of_classes_get_a_clear_error():
     with pytest.raises(ValueError, match="argmax"):
         accuracy_and_f1([1, 0], np.array([[0.1, 2.0], [3.0, -1.0]]))
+
+
+def test_anything_but_two_classes_gets_a_clear_error():
+    with pytest.raises(ValueError, match=r"0 or 1 \(two classes\), got \[0, 1, 2\]"):
+        accuracy_and_f1([1, 0, 2], [1, 2, 0])
+    with pytest.raises(ValueError, match="one class per example"):
+        accuracy_and_f1([], [])

@@ -60,12 +60,12 @@ def run_one(path):
     start = time.perf_counter()
     try:
         client.execute()
-    finally:  # BENCH_EXECUTED_DIR keeps each executed copy, a failed one too, to read its outputs
-        if os.environ.get("BENCH_EXECUTED_DIR"):
+    finally:
+        wall_s = time.perf_counter() - start
+        if os.environ.get("BENCH_EXECUTED_DIR"):  # keep each executed copy, a failed one too, to read it
             kept = Path(os.environ["BENCH_EXECUTED_DIR"])
             kept.mkdir(parents=True, exist_ok=True)
             nbformat.write(notebook, kept / Path(path).name)
-    wall_s = time.perf_counter() - start
     # ru_maxrss of waited-for children: the kernel and every process it started (KiB on Linux)
     peak_rss_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     slowest = max(cell_s, key=cell_s.get, default=None)
