@@ -9,11 +9,16 @@ import time
 import torch
 
 
-def median_seconds(step_fn, repeats=5, warmup=1):
-    """Median wall time of ``step_fn()`` over ``repeats`` runs, after ``warmup`` untimed runs."""
+def _check_counts(repeats, warmup, unit):
+    """A clear error unless ``repeats`` >= 1 and ``warmup`` >= 0 are integers (numbers of ``unit``)."""
     for name, value, least in (("repeats", repeats, 1), ("warmup", warmup, 0)):
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
-            raise ValueError(f"{name} must be an integer >= {least} (a number of runs), got {value!r}")
+            raise ValueError(f"{name} must be an integer >= {least} (a number of {unit}), got {value!r}")
+
+
+def median_seconds(step_fn, repeats=5, warmup=1):
+    """Median wall time of ``step_fn()`` over ``repeats`` runs, after ``warmup`` untimed runs."""
+    _check_counts(repeats, warmup, "runs")
     if not callable(step_fn):
         raise TypeError(f"step_fn must be a function to call, like lambda: model(x), got {step_fn!r}")
     for _ in range(warmup):
@@ -39,9 +44,7 @@ def interleaved_seconds(step_fns, repeats=5, warmup=1, threads=None):
     if not isinstance(step_fns, dict) or not step_fns or not all(callable(f) for f in step_fns.values()):
         raise TypeError("step_fns must be a dict of name -> function to call, like "
                         f"{{'off': lambda: step(False), 'on': lambda: step(True)}}, got {step_fns!r}")
-    for name, value, least in (("repeats", repeats, 1), ("warmup", warmup, 0)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < least:
-            raise ValueError(f"{name} must be an integer >= {least} (a number of rounds), got {value!r}")
+    _check_counts(repeats, warmup, "rounds")
     threads_before = torch.get_num_threads()
     torch.set_num_threads(threads or threads_before)
     try:
