@@ -59,12 +59,14 @@ def evaluate(model, dataloader, device=None):
     return {"loss": sum(losses) / len(labels), **accuracy_and_f1(labels, predictions)}
 
 
-def first_logged_losses(model, train_dataset, tokenizer, steps, micro_batch_size, accumulation, **arguments):
-    """Train ``model`` with Trainer for ``steps`` optimizer steps and return the training loss it logged at each.
+def first_logged_losses(model, train_dataset, tokenizer, steps, micro_batch_size,
+                        accumulation, **arguments):
+    """Train ``model`` with Trainer for ``steps`` optimizer steps; the losses it logged.
 
-    Each optimizer step accumulates ``accumulation`` micro-batches of ``micro_batch_size`` examples;
-    ``arguments`` are further TrainingArguments (learning_rate, seed, use_cpu, ...). Trainer shows no
-    progress bar and prints no logs: the caller prints what it needs.
+    Each optimizer step accumulates ``accumulation`` micro-batches of
+    ``micro_batch_size`` examples; ``arguments`` are further TrainingArguments
+    (learning_rate, seed, use_cpu, ...). Trainer shows no progress bar and prints no
+    logs: the caller prints what it needs.
     """
     from transformers import DataCollatorWithPadding, Trainer, TrainingArguments
     from transformers.trainer_callback import PrinterCallback
@@ -72,13 +74,15 @@ def first_logged_losses(model, train_dataset, tokenizer, steps, micro_batch_size
     # save_strategy="no": nothing is written, and the folder goes when the run ends
     with tempfile.TemporaryDirectory() as output_dir, global_random_state_kept():
         # Trainer seeds the global generators; the caller's random numbers stay theirs
-        args = TrainingArguments(output_dir=output_dir, max_steps=steps, logging_steps=1,
-                                 per_device_train_batch_size=micro_batch_size,
-                                 gradient_accumulation_steps=accumulation, save_strategy="no",
-                                 report_to="none", disable_tqdm=True, **arguments)
+        args = TrainingArguments(
+            output_dir=output_dir, max_steps=steps, logging_steps=1,
+            per_device_train_batch_size=micro_batch_size,
+            gradient_accumulation_steps=accumulation, save_strategy="no",
+            report_to="none", disable_tqdm=True, **arguments)
         trainer = Trainer(model=model, args=args, train_dataset=train_dataset,
                           data_collator=DataCollatorWithPadding(tokenizer))
-        trainer.remove_callback(PrinterCallback)  # without a progress bar, Trainer would print every log
+        # without a progress bar, Trainer would print every log
+        trainer.remove_callback(PrinterCallback)
         trainer.train()
     return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
 
