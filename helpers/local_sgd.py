@@ -13,6 +13,8 @@ single process, and the worker refuses to run alone.)
 import argparse
 import json
 import math
+import os
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -203,6 +205,14 @@ def main():
               f"validation loss {run['val_loss']:.3f}")
     accelerator.wait_for_everyone()
     accelerator.end_training()  # not forked: destroying the process group is safe here
+    # End without finalizing the interpreter, as forked workers end (multiprocessing's os._exit). A gloo thread
+    # may still be freeing a finished collective's tensors, which takes the GIL, and on Python <= 3.13 a thread
+    # that takes it during finalization is ended (the note on PyGILState_Ensure, Python's C-API docs) in the
+    # middle of C++ code: the process aborts, "terminate called without an active exception" (2 launches of
+    # about 240 here).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
