@@ -9,7 +9,7 @@ NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb notebooks/practice/*.ipynb))
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 LAB_ARGS ?=
 
-.PHONY: install lab test test-other-cpu test-gpu execute bench data slides handout clean
+.PHONY: install lab test test-other-cpu test-gpu execute bench run-twice data slides handout clean
 
 install: $(INSTALLED)
 
@@ -61,6 +61,11 @@ execute: $(INSTALLED)
 # Wall time, peak memory and measured values per notebook; fails on a value outside its range.
 bench: $(INSTALLED)
 	$(PY) tools/bench.py $(NOTEBOOKS)
+
+# Each code cell run twice in a row, as a learner pressing Shift+Enter twice: lists the cells whose
+# second run fails or prints something else (tools/run_twice.py). For authors; not in `make test`.
+run-twice: $(INSTALLED)
+	$(PY) tools/run_twice.py $(NB)
 
 data: $(INSTALLED)
 	$(PY) data/make_data.py

@@ -39,20 +39,24 @@ def _require_positive_int(value, name):
 
 
 def three_levers_figure(highlight="memory"):
-    """Lesson 01 (and 03, 04, 05): the three levers of efficient training, one of them highlighted."""
+    """Lesson 01 (and 00, 03, 04, 05): the three levers of efficient training.
+
+    ``highlight`` names the lever a lesson pulls; None shows the three alike (lesson 00's map).
+    """
     levers = {
         "memory": ("Memory\nefficiency", "gradient checkpointing,\noptimizer state"),
         "communication": ("Communication\nefficiency", "Local SGD"),
         "computation": ("Computation\nefficiency", "mixed precision\n(16-bit arithmetic)"),
     }
-    if highlight not in levers:
-        raise ValueError(f"highlight must be one of {', '.join(levers)}, not {highlight!r}")
+    if highlight is not None and highlight not in levers:
+        raise ValueError(f"highlight must be one of {', '.join(levers)} or None, not {highlight!r}")
     fig = Figure(figsize=(9, 2.8))
     ax = fig.add_subplot()
     for i, (name, (title, examples)) in enumerate(levers.items()):
-        colour = HIGHLIGHT if name == highlight else MUTED
-        ax.add_patch(FancyBboxPatch((i * 3.2, 0), 2.8, 2, boxstyle="round,pad=0.1", facecolor=colour,
-                                    edgecolor="black", alpha=0.9 if name == highlight else 0.5))
+        lit = highlight in (None, name)
+        ax.add_patch(FancyBboxPatch((i * 3.2, 0), 2.8, 2, boxstyle="round,pad=0.1",
+                                    facecolor=HIGHLIGHT if lit else MUTED, edgecolor="black",
+                                    alpha=0.9 if lit else 0.5))
         ax.text(i * 3.2 + 1.4, 1.35, title, ha="center", va="center", fontsize=13, weight="bold")
         ax.text(i * 3.2 + 1.4, 0.45, examples, ha="center", va="center", fontsize=10)
     ax.set_xlim(-0.3, 9.5)
@@ -67,14 +71,17 @@ GRAPH_LAYOUT = {"x": (0, 1), "A": (1.3, 1.8), "B": (1.3, 0.2), "C": (2.6, 1), "l
 GRAPH_EDGES = [("x", "A"), ("x", "B"), ("A", "C"), ("B", "C"), ("C", "loss")]
 
 
-def recompute_graph_figure(statuses_by_mode, labels=None):
+def recompute_graph_figure(statuses_by_mode, labels=None, panel_size=(4.2, 3.2)):
     """Lesson 01: the x -> A, B -> C -> loss graph, one panel per checkpointing mode.
 
     ``statuses_by_mode`` maps a mode name to {node: status}, status one of
     'input', 'kept' (held for backward), 'recomputed' (ran again in backward), 'not kept'.
-    ``labels`` optionally maps a node to the text drawn in it.
+    ``labels`` optionally maps a node to the text drawn in it. ``panel_size`` is one panel's
+    (width, height) in inches: a wide, low panel sits under a bullet on a slide.
     """
     _require_some(statuses_by_mode, "statuses_by_mode", "mode name mapped to {node: status}")
+    if len(panel_size) != 2 or not all(isinstance(v, (int, float)) and v > 0 for v in panel_size):
+        raise ValueError(f"panel_size must be (width, height) in inches, both > 0, got {panel_size!r}")
     labels = labels or {}
     for where, nodes in [("labels", labels), *statuses_by_mode.items()]:
         unknown = set(nodes) - set(GRAPH_LAYOUT)
@@ -85,7 +92,8 @@ def recompute_graph_figure(statuses_by_mode, labels=None):
         unknown = {s for s in statuses.values() if s not in STATUS_COLOURS}
         if unknown:
             raise ValueError(f"{mode}: unknown status {unknown}; use one of {', '.join(STATUS_COLOURS)}")
-    fig = Figure(figsize=(4.2 * len(statuses_by_mode), 3.2))
+    width, height = panel_size
+    fig = Figure(figsize=(width * len(statuses_by_mode), height))
     axes = fig.subplots(1, len(statuses_by_mode), squeeze=False)[0]
     for ax, (mode, statuses) in zip(axes, statuses_by_mode.items()):
         for start, end in GRAPH_EDGES:
@@ -103,7 +111,106 @@ def recompute_graph_figure(statuses_by_mode, labels=None):
     handles = [axes[0].scatter([], [], s=120, c=colour, edgecolors="black", label=status)
                for status, colour in STATUS_COLOURS.items()]
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False)
-    fig.subplots_adjust(bottom=0.18)
+    fig.subplots_adjust(bottom=0.18 * 3.2 / height)  # the legend's height, whatever the panel's
+    return fig
+
+
+def live_bytes_figure(timelines, gradient_bytes=None):
+    """Lesson 01: the bytes alive over one forward + backward, one line per run (checkpointing off, on).
+
+    ``timelines`` maps a run's name to the bytes alive after each allocation or free of its step, in
+    order (the running sum of a ``MemoryReport``'s events). Runs with more events (checkpointing
+    recomputes) are stretched to the same width: the x axis is the share of the step's events.
+    ``gradient_bytes``, if given, is drawn as a line: what the gradients alone hold at the end.
+    """
+    _require_some(timelines, "timelines", "run name mapped to its bytes alive after each event")
+    for name, live in timelines.items():
+        _require_some(live, f"timelines[{name!r}]", "number of bytes")
+        if not all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in live):
+            raise ValueError(f"timelines[{name!r}] must hold byte counts >= 0, one per event")
+    fig = Figure(figsize=(8, 3))
+    ax = fig.add_subplot()
+    for name, live in timelines.items():
+        shares = [(i + 1) / len(live) for i in range(len(live))]
+        ax.plot(shares, [v / MiB for v in live], lw=2, label=name)
+    if gradient_bytes is not None:
+        ax.axhline(gradient_bytes / MiB, color="black", ls="--", lw=1)
+        ax.annotate("the gradients alone", (0.02, gradient_bytes / MiB), textcoords="offset points",
+                    xytext=(0, 5), fontsize=9)
+    ax.set_xlabel("share of the step (forward, then backward)")
+    ax.set_ylabel("bytes alive (MiB)")
+    highest = max([max(live) for live in timelines.values()] + [gradient_bytes or 0])
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, highest / MiB * 1.15)  # room for the label above the gradients' line
+    ax.legend(loc="upper left", bbox_to_anchor=(0.0, 0.85), frameon=False)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def accumulation_timeline_figure(micro_batches):
+    """Lesson 02: gradient accumulation, micro-batch by micro-batch, and where the optimizer steps.
+
+    ``micro_batches``: one dict per micro-batch, in order, with 'gradient_norm' (the norm of the
+    gradients summed so far, after its backward) and 'optimizer_step' (whether the optimizer stepped
+    after it).
+    """
+    _require_rows(micro_batches, "micro_batches", ("gradient_norm", "optimizer_step"))
+    norms = [row["gradient_norm"] for row in micro_batches]
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in norms):
+        raise ValueError(f"gradient_norm must be a finite number >= 0 in every row, got {norms}")
+    fig = Figure(figsize=(8, 2.8))
+    ax = fig.add_subplot()
+    positions = range(1, len(micro_batches) + 1)
+    ax.bar(positions, norms, width=0.6, color=MUTED, edgecolor="black",
+           label="gradients summed so far (norm)")
+    for position, row in zip(positions, micro_batches):
+        ax.text(position, 0, "forward\n+ backward", ha="center", va="bottom", fontsize=8)
+        if row["optimizer_step"]:
+            ax.axvline(position + 0.4, color=HIGHLIGHT, lw=3)
+            ax.annotate("optimizer step,\nthen zero_grad", (position + 0.4, max(norms) * 1.05),
+                        textcoords="offset points", xytext=(-4, 0), ha="right", color=HIGHLIGHT)
+    ax.set_xticks(list(positions), [f"micro-batch {p}" for p in positions])
+    ax.set_ylabel("gradient norm")
+    ax.set_ylim(0, max(norms) * 1.35 or 1)
+    ax.legend(loc="upper left", frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def logged_loss_figure(micro_batch_losses, logged=None):
+    """Lesson 02: one optimizer step's micro-batch losses, added up against their mean.
+
+    ``micro_batch_losses``: the mean loss of each micro-batch of the step. ``logged`` optionally
+    maps a label to a loss a trainer logged for that step, drawn as a line to compare with.
+    """
+    _require_some(micro_batch_losses, "micro_batch_losses", "micro-batch loss")
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in micro_batch_losses):
+        raise ValueError(f"micro_batch_losses must be finite numbers, got {list(micro_batch_losses)}")
+    count = len(micro_batch_losses)
+    fig = Figure(figsize=(7, 3.6))
+    ax = fig.add_subplot()
+    bottom = 0.0
+    for i, loss in enumerate(micro_batch_losses):
+        ax.bar(0, loss, bottom=bottom, width=0.5, color=MUTED if i % 2 else "#d9d9d9",
+               edgecolor="black")
+        ax.text(0, bottom + loss / 2, f"micro-batch {i + 1}: {loss:.2f}", ha="center",
+                va="center", fontsize=8)
+        bottom += loss
+    mean = bottom / count
+    ax.bar(1, mean, width=0.5, color=HIGHLIGHT, edgecolor="black")
+    ax.text(1, mean, f"{mean:.2f}", ha="center", va="bottom")
+    ax.text(0, bottom, f"{bottom:.2f}", ha="center", va="bottom")
+    for i, (label, value) in enumerate((logged or {}).items()):
+        ax.axhline(value, color="black", ls=["--", ":"][i % 2], lw=1)
+        ax.annotate(f"{label}: {value:.2f}", (1.55, value), textcoords="offset points",
+                    xytext=(0, 3), ha="right", fontsize=9)
+    top = max([bottom, *(logged or {}).values()])
+    ax.set_ylim(0, top * 1.15)  # room for the labels above the bars and lines
+    ax.set_xticks([0, 1], [f"sum of the {count} losses", "their mean"])
+    ax.set_xlim(-0.5, 1.6)
+    ax.set_ylabel("loss")
+    fig.tight_layout()
     return fig
 
 
@@ -127,8 +234,9 @@ def memory_time_tradeoff_figure(rows, reference_blocks=None):
         baseline = max(r["peak_activation_mib"] for r in rows)
         target = baseline * 2 / math.sqrt(reference_blocks)  # sqrt(n) stored inputs + one segment live
         ax.scatter([4 / 3], [target], marker="*", s=220, c="black", zorder=3)
+        # to the star's left, right-aligned: the measured strategies' labels sit to their right
         ax.annotate("Chen et al. 2016:\nO(sqrt n) memory,\n~1 extra forward", (4 / 3, target),
-                    textcoords="offset points", xytext=(-40, 14))
+                    textcoords="offset points", xytext=(-12, 0), ha="right", va="center")
     ax.set_xlabel("time per training step, relative to no checkpointing")
     ax.set_ylabel("peak activation memory (MiB)")
     ax.set_ylim(0, max(r["peak_activation_mib"] for r in rows) * 1.15)
@@ -137,31 +245,32 @@ def memory_time_tradeoff_figure(rows, reference_blocks=None):
     return fig
 
 
-def ease_versus_customisability_figure(lines_written, customisability):
-    """Lessons 02 and 04: ways to train placed by lines of code (ease) and customisability.
+def ease_versus_customisability_figure(placements):
+    """Lesson 02: the deck's chart of ways to train, by ease of use and customisability.
 
-    ``lines_written`` maps a name to the lines of code it took; ``customisability`` maps the
-    same names to 1 (through arguments and callbacks) or 2 (you write the loop).
+    ``placements`` maps a way to train to (ease of use, customisability), each "low", "medium" or
+    "high": the deck's judgement, which the figure says it is; nothing here is measured.
     """
-    _require_some(lines_written, "lines_written", "way to train mapped to its lines of code")
-    missing = set(lines_written) ^ set(customisability)
-    if missing:
-        raise ValueError(f"lines_written and customisability must name the same ways to train; differ in {missing}")
-    other = {name: level for name, level in customisability.items() if level not in (1, 2)}
-    if other:
-        raise ValueError(f"customisability must be 1 (arguments and callbacks) or 2 (your own loop), got {other}")
-    fig = Figure(figsize=(6.5, 4))
+    levels = {"low": 1, "medium": 2, "high": 3}
+    _require_some(placements, "placements", "way to train mapped to (ease of use, customisability)")
+    for name, placement in placements.items():
+        if len(placement) != 2 or not set(placement) <= set(levels):
+            raise ValueError(f"placements[{name!r}] must be (ease of use, customisability), each "
+                             f"one of {', '.join(levels)}; got {placement!r}")
+    fig = Figure(figsize=(6.5, 3.2))
     ax = fig.add_subplot()
-    for i, (name, lines) in enumerate(lines_written.items()):
-        x = customisability[name]
-        ax.scatter([x], [lines], s=140, zorder=3)
-        ax.annotate(f"{name}\n({lines} lines)", (x, lines), textcoords="offset points",
-                    xytext=(12, -6 + 14 * (i % 2)))
-    ax.set_xticks([1, 2], ["arguments and\ncallbacks", "your own loop"])
-    ax.set_xlim(0.6, 2.9)
-    ax.set_ylim(max(lines_written.values()) * 1.3, 0)  # inverted: fewer lines, easier, higher up
+    for name, (ease, custom) in placements.items():
+        ax.scatter([levels[custom]], [levels[ease]], s=160, zorder=3)
+        ax.annotate(name, (levels[custom], levels[ease]), textcoords="offset points",
+                    xytext=(12, -4))
+    ticks = list(levels.values())
+    ax.set_xticks(ticks, list(levels))
+    ax.set_yticks(ticks, list(levels))
+    ax.set_xlim(0.5, 3.9)
+    ax.set_ylim(0.5, 3.5)
     ax.set_xlabel("customisability")
-    ax.set_ylabel("lines of code you write (fewer = easier)")
+    ax.set_ylabel("ease of use")
+    ax.set_title("As the slides place them: a judgement, not a measurement", fontsize=10)
     ax.grid(alpha=0.3)
     return fig
 

@@ -65,3 +65,30 @@ def print_measured(measured, expected, digits=3):
     if outside:
         print(f"{len(outside)} value(s) outside the range this lesson expects: the text above may not hold on "
               "this machine. Re-run the lesson; if it persists, report the lines above to the course maintainers.")
+
+
+def summary_table(measured, expected, findings):
+    """A lesson's summary as a table a person reads: finding, measured, expected, verdict (lesson 01 on).
+
+    ``findings`` maps a measured name to ``(what it means, format)``, in the order the table shows them:
+    a few words a learner reads ("memory kept for backward, off / on") and a ``str.format`` pattern for the
+    value ("{:.1f}x less"). A name with a range in ``expected`` shows the range and the verdict; one
+    without is the same on every CPU, which the tests compare exactly ("exact"). Returns a Markdown object, which the notebook shows
+    as a table; ``print_measured`` prints the same values for the tests.
+    """
+    from IPython.display import Markdown
+
+    unknown = [name for name in findings if name not in measured]
+    if unknown:
+        raise KeyError(f"findings names values that were not measured: {', '.join(unknown)}")
+    rows = ["| finding | measured | expected | verdict |", "| --- | --- | --- | --- |"]
+    for name, (meaning, pattern) in findings.items():
+        value = measured[name]
+        if name in expected:
+            low, high = expected[name]
+            verdict = IN_RANGE if in_range(value, low, high) else f"**{OUT_OF_RANGE}**"
+            wanted = range_text(low, high).removeprefix("expected ")
+        else:
+            verdict, wanted = "exact", "the same on every CPU"
+        rows.append(f"| {meaning} | {pattern.format(value)} | {wanted} | {verdict} |")
+    return Markdown("\n".join(rows))

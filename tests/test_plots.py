@@ -26,8 +26,9 @@ STATUSES = {
 }
 STACK_ROWS = [{"name": "no checkpointing", "peak_activation_mib": 40.0, "time_ratio": 1.0},
               {"name": "every block", "peak_activation_mib": 9.5, "time_ratio": 1.31}]
-LINES = {"Trainer": 14, "Accelerator": 27, "plain PyTorch loop": 31}
-LEVELS = {"Trainer": 1, "Accelerator": 2, "plain PyTorch loop": 2}
+PLACEMENTS = {"Trainer": ("high", "low"), "Accelerator": ("medium", "high")}
+LIVE = {"off": [0, 4 * 2**20, 2**20, 3 * 2**20], "on": [0, 2**20, 2 * 2**20, 2**20, 3 * 2**20]}
+MICRO_BATCHES = [{"gradient_norm": 1.0 * i, "optimizer_step": i == 4} for i in range(1, 5)]
 EVENTS = {"DDP": [collective_events(1), collective_events(1)],
           "Local SGD, k = 8": [collective_events(8), collective_events(8)]}
 GAPS = [(step, 0.0 if step % 8 == 0 else 0.002 * (step % 8)) for step in range(1, 25)]
@@ -48,8 +49,15 @@ GOOD = {
                                [*STATUSES, "A\nsin", "recomputed"]),
     "memory_time_tradeoff_figure": (dict(rows=STACK_ROWS, reference_blocks=16), 1,
                                     ["every block", "Chen et al. 2016", "peak activation memory (MiB)"]),
-    "ease_versus_customisability_figure": (dict(lines_written=LINES, customisability=LEVELS), 1,
-                                           ["Trainer\n(14 lines)", "customisability"]),
+    "ease_versus_customisability_figure": (dict(placements=PLACEMENTS), 1,
+                                           ["Trainer", "customisability", "not a measurement"]),
+    "live_bytes_figure": (dict(timelines=LIVE, gradient_bytes=2**20), 1,
+                          ["off", "on", "the gradients alone", "bytes alive (MiB)"]),
+    "accumulation_timeline_figure": (dict(micro_batches=MICRO_BATCHES), 1,
+                                     ["micro-batch 4", "optimizer step", "gradients summed"]),
+    "logged_loss_figure": (dict(micro_batch_losses=[0.7, 0.69, 0.68, 0.71],
+                                logged={"Trainer logged": 2.78}), 1,
+                           ["sum of the 4 losses", "their mean", "2.78", "0.69"]),
     "sync_timeline_figure": (dict(events_by_run=EVENTS), 2, ["DDP: orange", "Local SGD, k = 8: orange",
                                                                "optimizer step"]),
     "weight_gap_figure": (dict(gaps=GAPS, local_sgd_steps=8), 1, ["max |weight difference|"]),
@@ -113,7 +121,8 @@ def test_the_memory_grid_reads_the_bytes_from_the_dtype():
 
 
 BAD = [
-    ("three_levers_figure", dict(highlight="speed"), "highlight must be one of memory, communication, computation"),
+    ("three_levers_figure", dict(highlight="speed"),
+     "highlight must be one of memory, communication, computation or None"),
     ("loss_curves_figure", dict(curves={}), "curves is empty"),
     ("loss_curves_figure", dict(curves={"bf16": [(1, 0.5, 0.1)]}), r"curves\['bf16'\] must hold \(step, loss\) pairs"),
     ("loss_curves_figure", dict(curves={"fp16": [(1, float("nan"))]}), "not finite .* the run diverged"),
@@ -124,9 +133,18 @@ BAD = [
     ("memory_time_tradeoff_figure", dict(rows=[{"name": "a", "peak_activation_mib": 1.0}]),
      r"rows\[0\] lacks 'time_ratio'"),
     ("memory_time_tradeoff_figure", dict(rows=STACK_ROWS, reference_blocks=0), "reference_blocks .* positive integer"),
-    ("ease_versus_customisability_figure", dict(lines_written={}, customisability={}), "lines_written is empty"),
-    ("ease_versus_customisability_figure", dict(lines_written=LINES, customisability={**LEVELS, "Trainer": 3}),
-     "customisability must be 1 .* or 2"),
+    ("ease_versus_customisability_figure", dict(placements={}), "placements is empty"),
+    ("ease_versus_customisability_figure", dict(placements={"Trainer": ("easy", "low")}),
+     r"placements\['Trainer'\] must be .* one of low, medium, high"),
+    ("recompute_graph_figure", dict(statuses_by_mode=STATUSES, panel_size=(4, 0)), "panel_size must be"),
+    ("live_bytes_figure", dict(timelines={}), "timelines is empty"),
+    ("live_bytes_figure", dict(timelines={"off": [1, -2]}), r"timelines\['off'\] must hold byte counts"),
+    ("accumulation_timeline_figure", dict(micro_batches=[{"gradient_norm": 1.0}]),
+     r"micro_batches\[0\] lacks 'optimizer_step'"),
+    ("accumulation_timeline_figure", dict(micro_batches=[{"gradient_norm": float("nan"),
+                                                          "optimizer_step": True}]), "finite number"),
+    ("logged_loss_figure", dict(micro_batch_losses=[]), "micro_batch_losses is empty"),
+    ("logged_loss_figure", dict(micro_batch_losses=[0.7, float("inf")]), "must be finite numbers"),
     ("sync_timeline_figure", dict(events_by_run={}), "events_by_run is empty"),
     ("sync_timeline_figure", dict(events_by_run=EVENTS, last_step=0), "last_step must be a positive integer"),
     ("sync_timeline_figure", dict(events_by_run={"DDP": [[{"collective": "all_reduce"}]]}),

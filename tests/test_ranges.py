@@ -136,3 +136,22 @@ def test_every_declared_range_fails_the_suite_for_a_value_outside_it(lesson, nam
               [high + abs(high) * 0.5 + 1 for _ in [0] if high is not None]
     for value in outside:
         assert sanitize(measured_line(name, value, bounds)) not in stored_lines
+
+
+def test_the_summary_table_gives_each_value_its_meaning_range_and_verdict():
+    from helpers.ranges import summary_table
+
+    table = summary_table({"ratio": 15.64, "accuracy": 0.5, "steps": 252},
+                          {"ratio": (10, None), "accuracy": (0.75, 1.0)},
+                          {"ratio": ("less memory kept", "{:.1f}x"), "accuracy": ("accuracy", "{:.2f}"),
+                           "steps": ("optimizer steps", "{}")}).data.splitlines()
+    assert table[2] == "| less memory kept | 15.6x | >= 10 | in range |"
+    assert table[3] == f"| accuracy | 0.50 | 0.75 to 1 | **{OUT_OF_RANGE}** |"
+    assert table[4] == "| optimizer steps | 252 | the same on every CPU | exact |"
+
+
+def test_the_summary_table_refuses_a_finding_never_measured():
+    from helpers.ranges import summary_table
+
+    with pytest.raises(KeyError, match="not measured: typo"):
+        summary_table({"a": 1}, {}, {"typo": ("meaning", "{}")})

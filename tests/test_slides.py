@@ -130,6 +130,34 @@ def test_a_scrolling_slide_says_why(lesson, read_notebook):
             assert isinstance(reason, str) and len(reason.split()) >= 4, f"cell {index}: say why it scrolls"
 
 
+UNDER_THE_HOOD = re.compile(r"<details><summary>Under the hood: [^<]+</summary>\n\n.+\n</details>", re.S)
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)
+def test_under_the_hood_blocks_are_collapsed_speaker_notes(lesson, read_notebook):
+    # STYLE.md rule 15: a notes cell, collapsed in JupyterLab (no `open`), a blank line after the
+    # summary so that JupyterLab renders the Markdown inside; the decks open it (build_slides)
+    for index, cell in enumerate(read_notebook(lesson)["cells"]):
+        source = "".join(cell["source"])
+        if "<details" in source:
+            assert slide_type(cell) == "notes", f"cell {index}: an Under the hood block is a notes cell"
+            assert UNDER_THE_HOOD.fullmatch(source.strip()), f"cell {index}: {source[:80]!r}"
+
+
+READABILITY = REPO_ROOT.parent / "shared" / "tools" / "readability.py"
+ON_THE_LEARNERS_PATH = ["01", "02"]  # lessons rewritten for the learner's path (issue 26); 03-05 next
+
+
+def test_lessons_on_the_learners_path_meet_the_readability_goals():
+    # STYLE.md rules 14-18, measured by the shared tool: screens, words per screen, no source paths
+    # or private names on slides, short markdown cells, each concept slide showing its figure
+    if not READABILITY.exists():
+        pytest.skip(f"{READABILITY} is not beside the repository (CI and developers have ../shared)")
+    result = subprocess.run([sys.executable, str(READABILITY), "--check", *ON_THE_LEARNERS_PATH],
+                            cwd=REPO_ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_the_practice_notebooks_are_not_decks(read_notebook):
     assert PRACTICE and not set(PRACTICE) & set(LESSONS)
     for path in PRACTICE:
@@ -155,6 +183,7 @@ def test_each_lesson_renders_with_the_expected_number_of_slides(decks, lesson, r
     # nbconvert nests a section per subslide inside a section per slide
     assert html.count("<section") == 2 * counts["slide"] + counts["subslide"]
     assert "data:image/png;base64" in html  # figures embedded: no kernel, no files needed
+    assert "<details>" not in html  # Under the hood blocks are open in the speaker notes
     assert not re.search(r"""(src|href)=["']https?://|from ["']https?://""", html)  # nothing fetched
 
 

@@ -33,6 +33,8 @@ FIGURE_ZOOM = 1.3
 FIGURE_MIN_WIDTH = round(0.62 * SLIDE_WIDTH)
 FIGURE_MAX_WIDTH = round(0.80 * SLIDE_WIDTH)
 FIGURE_MAX_HEIGHT = 420
+# The lessons' depth sits in speaker notes, in <details> blocks (STYLE.md, "The learner's path").
+UNDER_THE_HOOD, UNDER_THE_HOOD_OPEN = "<details><summary>", "<details open><summary>"
 MATHJAX_STUB = """// The lessons use no LaTeX: a no-op MathJax for the reveal.js template, offline.
 window.MathJax = {Hub: {Config: function () {}, Queue: function () {}, getAllJax: function () { return []; },
                         Rerender: function () {}}};
@@ -154,6 +156,9 @@ def render(*lessons):
             raise SystemExit(f"{deck.name}: nbconvert's reveal template changed; revisit SCROLL_THRESHOLD")
         html = html.replace(SCROLL_THRESHOLD, f"var h = {SLIDE_HEIGHT};  // the slide box (tools/build_slides.py)")
         html = html.replace("</head>", '<link rel="stylesheet" href="assets/course.css">\n</head>', 1)
+        # "Under the hood" blocks are collapsed in JupyterLab; in the speaker notes and the
+        # handout the instructor reads them, so the decks show them open
+        html = html.replace(UNDER_THE_HOOD, UNDER_THE_HOOD_OPEN)
         deck.write_text(size_figures(html))
     return decks
 
