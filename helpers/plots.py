@@ -214,6 +214,58 @@ def logged_loss_figure(micro_batch_losses, logged=None):
     return fig
 
 
+def local_sgd_payoff_figure(rows, compute_seconds, processes=None):
+    """Lesson 03: projected communication per step, by link and run, against compute.
+
+    ``rows``: dicts with 'link' (e.g. '10 Gb/s'), 'run' (e.g. 'DDP') and 'ms_per_step',
+    the projected milliseconds of communication per optimizer step (> 0: the axis is
+    logarithmic). ``compute_seconds``: one step's computation, drawn as a dashed line.
+    ``processes``, if given, is named on the axis: the projection is for that many.
+    """
+    _require_rows(rows, "rows", ("link", "run", "ms_per_step"))
+    bad = [row["ms_per_step"] for row in rows
+           if not _positive_number(row["ms_per_step"])]
+    if bad:
+        raise ValueError("ms_per_step must be a finite number > 0 in every row (the "
+                         f"axis is logarithmic), got {bad}")
+    if not _positive_number(compute_seconds):
+        raise ValueError("compute_seconds must be a finite number > 0, "
+                         f"got {compute_seconds!r}")
+    links = list(dict.fromkeys(row["link"] for row in rows))  # in the order given
+    runs = list(dict.fromkeys(row["run"] for row in rows))
+    height, colours = 0.8 / len(runs), [MUTED, HIGHLIGHT, "#1b9e77", "#7570b3"]
+    fig = Figure(figsize=(8, 1.6 + 0.45 * len(rows)))
+    ax = fig.add_subplot()
+    for j, run in enumerate(runs):
+        for i, row in enumerate(r for r in rows if r["run"] == run):
+            y = links.index(row["link"]) + (j - (len(runs) - 1) / 2) * height
+            ax.barh(y, row["ms_per_step"], height=height * 0.9, edgecolor="black",
+                    color=colours[j % len(colours)], label=None if i else run)
+            ax.annotate(f"{row['ms_per_step']:.1f} ms", (row["ms_per_step"], y),
+                        textcoords="offset points", xytext=(4, 0), va="center",
+                        fontsize=9)
+    compute_ms = compute_seconds * 1000
+    ax.axvline(compute_ms, color="black", ls="--", lw=1.5)
+    ax.annotate(f"one step's compute: {compute_ms:g} ms", (compute_ms, -0.5),
+                textcoords="offset points", xytext=(4, 2), fontsize=9)
+    ax.set_xscale("log")
+    ax.set_yticks(range(len(links)), [f"link of\n{link}" for link in links])
+    ax.set_ylim(len(links) - 0.5, -0.65)  # the first link on top, room for the label
+    values = [row["ms_per_step"] for row in rows] + [compute_ms]
+    ax.set_xlim(min(values) / 2, max(values) * 4)  # room for the bars' labels
+    on = f" on {processes} processes" if processes else ""
+    ax.set_xlabel(f"projected communication per optimizer step{on} (ms, log)")
+    ax.legend(loc="lower right", frameon=False)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def _positive_number(value):
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value) and value > 0)
+
+
 def memory_time_tradeoff_figure(rows, reference_blocks=None):
     """Lesson 01: peak activation memory against time overhead, one point per strategy.
 
@@ -288,7 +340,7 @@ def sync_timeline_figure(events_by_run, last_step=24):
         for rank, events in enumerate(events_by_rank):
             if events:  # a worker that never communicated has an empty list, and that is fine
                 _require_rows(events, f"events_by_run[{run!r}][{rank}]", ("step", "collective"))
-    fig = Figure(figsize=(9, 1.3 + 1.1 * len(events_by_run)))
+    fig = Figure(figsize=(9, 1.2 + 1.0 * len(events_by_run)))
     axes = fig.subplots(len(events_by_run), 1, squeeze=False)[:, 0]
     for ax, (run, events_by_rank) in zip(axes, events_by_run.items()):
         for rank, events in enumerate(events_by_rank):
@@ -447,6 +499,43 @@ def memory_grid_figure(states, columns=16):
         ax.grid(which="minor", color="white", lw=1.5)
         ax.tick_params(which="both", length=0, labelbottom=False, labelleft=False)
         ax.set_title(f"{name}: {value_bytes} bytes per parameter", fontsize=10, loc="left")
+    fig.tight_layout()
+    return fig
+
+
+def training_memory_figure(memories, n_parameters):
+    """Lesson 04: training memory per parameter, one stacked bar per optimizer.
+
+    ``memories`` maps an optimizer's name to ``helpers.memory_budget.training_memory``'s dict
+    (bytes of 'weights', 'gradients', 'optimizer state', 'activations'); each bar shows them
+    divided by ``n_parameters``.
+    """
+    kinds = ("weights", "gradients", "optimizer state", "activations")
+    _require_some(memories, "memories", "optimizer name mapped to training_memory(...)")
+    _require_positive_int(n_parameters, "n_parameters")
+    for name, memory in memories.items():
+        missing = [kind for kind in kinds if kind not in memory]
+        if missing:
+            raise ValueError(f"memories[{name!r}] lacks {', '.join(map(repr, missing))}: "
+                             "pass the dict that helpers.memory_budget.training_memory returns")
+    fig = Figure(figsize=(8, 3.2))
+    ax = fig.add_subplot()
+    names = list(memories)
+    colours = {"weights": MUTED, "gradients": "#969696", "optimizer state": HIGHLIGHT,
+               "activations": "#9ecae1"}
+    left = [0.0] * len(names)
+    for kind in kinds:
+        widths = [memories[name][kind] / n_parameters for name in names]
+        ax.barh(names, widths, left=left, color=colours[kind], edgecolor="black",
+                label=kind)
+        left = [a + b for a, b in zip(left, widths)]
+    for position, total in enumerate(left):
+        ax.annotate(f"{total:.1f} bytes", (total, position), textcoords="offset points",
+                    xytext=(4, 0), va="center")
+    ax.invert_yaxis()  # the first optimizer on top
+    ax.set_xlim(0, max(left) * 1.2)
+    ax.set_xlabel("bytes per parameter")
+    ax.legend(loc="lower right", fontsize=8, frameon=False)
     fig.tight_layout()
     return fig
 

@@ -28,6 +28,11 @@ STACK_ROWS = [{"name": "no checkpointing", "peak_activation_mib": 40.0, "time_ra
               {"name": "every block", "peak_activation_mib": 9.5, "time_ratio": 1.31}]
 PLACEMENTS = {"Trainer": ("high", "low"), "Accelerator": ("medium", "high")}
 LIVE = {"off": [0, 4 * 2**20, 2**20, 3 * 2**20], "on": [0, 2**20, 2 * 2**20, 2**20, 3 * 2**20]}
+MEMORIES = {name: {"weights": 40, "gradients": 40, "optimizer state": state, "activations": 20,
+                   "total": 100 + state} for name, state in [("AdamW", 80), ("Adafactor", 1)]}
+PAYOFF = [{"link": link, "run": run, "ms_per_step": ms} for link, run, ms in (
+    ("10 Gb/s", "DDP", 374.7), ("10 Gb/s", "Local SGD k=8", 56.6),
+    ("100 Gb/s", "DDP", 38.1), ("100 Gb/s", "Local SGD k=8", 6.6))]
 MICRO_BATCHES = [{"gradient_norm": 1.0 * i, "optimizer_step": i == 4} for i in range(1, 5)]
 EVENTS = {"DDP": [collective_events(1), collective_events(1)],
           "Local SGD, k = 8": [collective_events(8), collective_events(8)]}
@@ -55,6 +60,11 @@ GOOD = {
                           ["off", "on", "the gradients alone", "bytes alive (MiB)"]),
     "accumulation_timeline_figure": (dict(micro_batches=MICRO_BATCHES), 1,
                                      ["micro-batch 4", "optimizer step", "gradients summed"]),
+    "training_memory_figure": (dict(memories=MEMORIES, n_parameters=10), 1,
+                               ["AdamW", "optimizer state", "bytes per parameter", "18.0 bytes"]),
+    "local_sgd_payoff_figure": (dict(rows=PAYOFF, compute_seconds=0.02, processes=8), 1,
+                                ["link of\n10 Gb/s", "Local SGD k=8", "374.7 ms",
+                                 "one step's compute: 20 ms", "on 8 processes"]),
     "logged_loss_figure": (dict(micro_batch_losses=[0.7, 0.69, 0.68, 0.71],
                                 logged={"Trainer logged": 2.78}), 1,
                            ["sum of the 4 losses", "their mean", "2.78", "0.69"]),
@@ -144,6 +154,16 @@ BAD = [
     ("accumulation_timeline_figure", dict(micro_batches=[{"gradient_norm": float("nan"),
                                                           "optimizer_step": True}]), "finite number"),
     ("logged_loss_figure", dict(micro_batch_losses=[]), "micro_batch_losses is empty"),
+    ("local_sgd_payoff_figure", dict(rows=[], compute_seconds=0.02), "rows is empty"),
+    ("local_sgd_payoff_figure", dict(rows=[{"link": "10 Gb/s", "run": "DDP"}], compute_seconds=0.02),
+     r"rows\[0\] lacks 'ms_per_step'"),
+    ("local_sgd_payoff_figure", dict(rows=[{**PAYOFF[0], "ms_per_step": 0}], compute_seconds=0.02),
+     r"ms_per_step must be a finite number > 0 .*got \[0\]"),
+    ("local_sgd_payoff_figure", dict(rows=PAYOFF, compute_seconds=0),
+     "compute_seconds must be a finite number > 0"),
+    ("training_memory_figure", dict(memories={"AdamW": {"weights": 4}}, n_parameters=1),
+     r"memories\['AdamW'\] lacks 'gradients'"),
+    ("training_memory_figure", dict(memories=MEMORIES, n_parameters=0), "n_parameters must be"),
     ("logged_loss_figure", dict(micro_batch_losses=[0.7, float("inf")]), "must be finite numbers"),
     ("sync_timeline_figure", dict(events_by_run={}), "events_by_run is empty"),
     ("sync_timeline_figure", dict(events_by_run=EVENTS, last_step=0), "last_step must be a positive integer"),
@@ -173,3 +193,9 @@ def test_bad_input_gets_a_sentence(name, arguments, message):
 
 def test_every_figure_function_rejects_some_bad_input():
     assert {name for name, _, _ in BAD} == set(GOOD)
+
+
+def test_the_payoff_figure_draws_the_compute_line_and_one_bar_per_row():
+    ax = plots.local_sgd_payoff_figure(PAYOFF, compute_seconds=0.02).axes[0]
+    assert [line.get_xdata()[0] for line in ax.lines] == [20.0]  # ms
+    assert sorted(bar.get_width() for bar in ax.patches) == sorted(r["ms_per_step"] for r in PAYOFF)
