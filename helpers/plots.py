@@ -33,6 +33,11 @@ def _require_rows(rows, name, keys):
                              f"{', '.join(map(repr, keys))}")
 
 
+def _finite_number(value):
+    """Whether ``value`` is a finite real number (a bool is not one)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _require_positive_int(value, name):
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -126,7 +131,7 @@ def live_bytes_figure(timelines, gradient_bytes=None):
     _require_some(timelines, "timelines", "run name mapped to its bytes alive after each event")
     for name, live in timelines.items():
         _require_some(live, f"timelines[{name!r}]", "number of bytes")
-        if not all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in live):
+        if not all(_finite_number(v) and v >= 0 for v in live):
             raise ValueError(f"timelines[{name!r}] must hold byte counts >= 0, one per event")
     fig = Figure(figsize=(8, 3))
     ax = fig.add_subplot()
@@ -157,7 +162,7 @@ def accumulation_timeline_figure(micro_batches):
     """
     _require_rows(micro_batches, "micro_batches", ("gradient_norm", "optimizer_step"))
     norms = [row["gradient_norm"] for row in micro_batches]
-    if not all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in norms):
+    if not all(_finite_number(v) and v >= 0 for v in norms):
         raise ValueError(f"gradient_norm must be a finite number >= 0 in every row, got {norms}")
     fig = Figure(figsize=(8, 2.8))
     ax = fig.add_subplot()
@@ -185,7 +190,7 @@ def logged_loss_figure(micro_batch_losses, logged=None):
     maps a label to a loss a trainer logged for that step, drawn as a line to compare with.
     """
     _require_some(micro_batch_losses, "micro_batch_losses", "micro-batch loss")
-    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in micro_batch_losses):
+    if not all(_finite_number(v) for v in micro_batch_losses):
         raise ValueError(f"micro_batch_losses must be finite numbers, got {list(micro_batch_losses)}")
     count = len(micro_batch_losses)
     fig = Figure(figsize=(7, 3.6))
@@ -224,11 +229,11 @@ def local_sgd_payoff_figure(rows, compute_seconds, processes=None):
     """
     _require_rows(rows, "rows", ("link", "run", "ms_per_step"))
     bad = [row["ms_per_step"] for row in rows
-           if not _positive_number(row["ms_per_step"])]
+           if not (_finite_number(row["ms_per_step"]) and row["ms_per_step"] > 0)]
     if bad:
         raise ValueError("ms_per_step must be a finite number > 0 in every row (the "
                          f"axis is logarithmic), got {bad}")
-    if not _positive_number(compute_seconds):
+    if not (_finite_number(compute_seconds) and compute_seconds > 0):
         raise ValueError("compute_seconds must be a finite number > 0, "
                          f"got {compute_seconds!r}")
     links = list(dict.fromkeys(row["link"] for row in rows))  # in the order given
@@ -259,11 +264,6 @@ def local_sgd_payoff_figure(rows, compute_seconds, processes=None):
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     return fig
-
-
-def _positive_number(value):
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and math.isfinite(value) and value > 0)
 
 
 def memory_time_tradeoff_figure(rows, reference_blocks=None):

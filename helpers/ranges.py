@@ -36,14 +36,18 @@ def in_range(value, low, high):
     return (low is None or value >= low) and (high is None or value <= high)
 
 
+def verdict(value, low, high):
+    """IN_RANGE or OUT_OF_RANGE: what a summary says of ``value`` against [low, high]."""
+    return IN_RANGE if in_range(value, low, high) else OUT_OF_RANGE
+
+
 def measured_line(name, value, expected_range=None, digits=3):
     """One summary line: the value alone when it is exact, else the value, its range and the verdict."""
     if expected_range is None:
         return f"{name}: {value}"
     low, high = expected_range
-    verdict = IN_RANGE if in_range(value, low, high) else OUT_OF_RANGE
     shown = f"{value:.{digits}f}" if isinstance(value, numbers.Real) and not isinstance(value, bool) else repr(value)
-    return f"{name}: {shown}  ({range_text(low, high)}): {verdict}"
+    return f"{name}: {shown}  ({range_text(low, high)}): {verdict(value, low, high)}"
 
 
 def print_measured(measured, expected, digits=3):
@@ -86,9 +90,10 @@ def summary_table(measured, expected, findings):
         value = measured[name]
         if name in expected:
             low, high = expected[name]
-            verdict = IN_RANGE if in_range(value, low, high) else f"**{OUT_OF_RANGE}**"
+            said = verdict(value, low, high)
+            said = said if said == IN_RANGE else f"**{said}**"  # bold: the eye finds it
             wanted = range_text(low, high).removeprefix("expected ")
         else:
-            verdict, wanted = "exact", "the same on every CPU"
-        rows.append(f"| {meaning} | {pattern.format(value)} | {wanted} | {verdict} |")
+            said, wanted = "exact", "the same on every CPU"
+        rows.append(f"| {meaning} | {pattern.format(value)} | {wanted} | {said} |")
     return Markdown("\n".join(rows))

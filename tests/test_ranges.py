@@ -5,7 +5,7 @@ and every range that a lesson declares (its ``EXPECTED = {...}``), fed a value o
 with the lesson's stored output the way nbval compares it (after the sanitizer).
 """
 import ast
-import re
+import importlib.util
 import subprocess
 import sys
 
@@ -16,16 +16,16 @@ from helpers.paths import REPO_ROOT
 from helpers.ranges import OUT_OF_RANGE, in_range, measured_line, print_measured, range_text
 
 SANITIZER = REPO_ROOT / "tests" / "nbval_sanitize.cfg"
+_spec = importlib.util.spec_from_file_location("run_twice", REPO_ROOT / "tools" / "run_twice.py")
+run_twice = importlib.util.module_from_spec(_spec)  # a script of tools/, loaded by its path
+_spec.loader.exec_module(run_twice)
 LESSONS = sorted((REPO_ROOT / "notebooks").glob("0[1-9]_*.ipynb"))
 
 
 def sanitize(text):
-    """Apply tests/nbval_sanitize.cfg's regex/replace pairs, in order, as nbval does."""
-    lines = SANITIZER.read_text().splitlines()
-    for regex, replace in zip(lines, lines[1:]):
-        if regex.startswith("regex: ") and replace.startswith("replace: "):
-            text = re.sub(regex[len("regex: "):], replace[len("replace: "):], text)
-    return text
+    """Apply tests/nbval_sanitize.cfg's regex/replace pairs, in order, as nbval does (read by
+    tools/run_twice.py, which compares a second run's output the same way)."""
+    return run_twice.sanitize(text, run_twice.sanitizers())
 
 
 @pytest.mark.parametrize("value, low, high, inside", [
