@@ -9,7 +9,7 @@ NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb notebooks/practice/*.ipynb))
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 LAB_ARGS ?=
 
-.PHONY: install lab test test-other-cpu test-gpu execute bench run-twice data slides handout clean
+.PHONY: install lab test test-other-cpu test-gpu execute bench run-twice reference data slides handout clean
 
 install: $(INSTALLED)
 
@@ -66,6 +66,11 @@ bench: $(INSTALLED)
 # second run fails or prints something else (tools/run_twice.py). For authors; not in `make test`.
 run-twice: $(INSTALLED)
 	$(PY) tools/run_twice.py $(NB)
+
+# Lesson 05's figures on this machine (its device: the first GPU, else the CPU), written to data/reference/ with
+# the machine's description; the lesson plots a learner's speed ratios beside every file there.
+reference: $(INSTALLED)
+	$(PY) tools/record_reference.py
 
 data: $(INSTALLED)
 	$(PY) data/make_data.py

@@ -183,3 +183,86 @@ class BFloat16MatmulsOnFloat32Kernels:
     def __exit__(self, *exc_info):
         self._library._destroy()  # PyTorch's own kernels again (as torch.library._scoped_library ends)
         self._library = None
+
+
+# Operations a transformer step runs, each called on x, a (4, 8) activation, and w, an (8, 8) weight.
+AUTOCAST_PROBES = {
+    "linear, matmul": lambda x, w: torch.nn.functional.linear(x, w),
+    "embedding": lambda x, w: torch.nn.functional.embedding(torch.zeros(4, dtype=torch.long, device=x.device), w),
+    "GELU": lambda x, w: torch.nn.functional.gelu(x),
+    "residual add": lambda x, w: x + x,
+    "layer norm": lambda x, w: torch.nn.functional.layer_norm(x, x.shape[-1:]),
+    "softmax": lambda x, w: torch.softmax(x, dim=-1),
+    "exp, sum": lambda x, w: x.exp().sum(),
+    "cross-entropy loss": lambda x, w: torch.nn.functional.cross_entropy(
+        x, torch.zeros(4, dtype=torch.long, device=x.device)),
+}
+POLICIES = ("to bfloat16", "to float32", "follows its input")
+
+
+@contextlib.contextmanager
+def _autocast_state(device_type, dtype):
+    """bfloat16 autocast switched on for ``device_type`` as ``torch.autocast`` does, without its availability check.
+
+    ``torch.autocast("cuda")`` switches itself off where no GPU is visible; the dispatcher's autocast rules for
+    CUDA are compiled into every PyTorch build all the same, and fake CUDA tensors reach them.
+    """
+    enabled, previous_dtype = torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
+    torch.set_autocast_enabled(device_type, True)
+    torch.set_autocast_dtype(device_type, dtype)
+    torch.autocast_increment_nesting()
+    try:
+        yield
+    finally:
+        if torch.autocast_decrement_nesting() == 0:
+            torch.clear_autocast_cache()
+        torch.set_autocast_enabled(device_type, enabled)
+        torch.set_autocast_dtype(device_type, previous_dtype)
+
+
+def autocast_policy(device_type):
+    """{operation: what bfloat16 autocast on ``device_type`` does to it}, measured, for AUTOCAST_PROBES.
+
+    Each operation runs twice under autocast, on float32 inputs and on bfloat16 inputs: "to bfloat16" if the
+    float32 inputs came out bfloat16 (autocast's lower-precision list), "to float32" if the bfloat16 inputs came
+    out float32 (its float32 list), else "follows its input" (on neither list). It runs on fake tensors of that
+    device type, so 'cuda' is measured on a machine without a GPU too: the rules are the dispatcher's, in
+    PyTorch's aten/src/ATen/autocast_mode.cpp, compiled into every build.
+    """
+    if device_type not in ("cpu", "cuda"):
+        raise ValueError(f"device_type must be 'cpu' or 'cuda', got {device_type!r}")
+    policy = {}
+    with FakeTensorMode(allow_non_fake_inputs=True), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # fake CUDA tensors on a build without CUDA warn once
+        for name, probe in AUTOCAST_PROBES.items():
+            out = {}
+            for dtype in (torch.float32, torch.bfloat16):
+                x = torch.empty(4, 8, dtype=dtype, device=device_type)
+                w = torch.empty(8, 8, dtype=dtype, device=device_type)
+                with _autocast_state(device_type, torch.bfloat16):
+                    out[dtype] = probe(x, w).dtype
+            policy[name] = ("to bfloat16" if out[torch.float32] == torch.bfloat16
+                            else "to float32" if out[torch.bfloat16] == torch.float32
+                            else "follows its input")
+    return policy
+
+
+def bfloat16_matmul_kernel(device_type="cpu"):
+    """Which kind of kernel multiplies bfloat16 matrices on ``device_type``, in a few words a learner reads.
+
+    One of: "a GPU's tensor cores" (native bfloat16, Ampere on), "emulated on this GPU", "AMX" (a CPU's matrix
+    unit), "oneDNN's AVX512-BF16 kernel", "oneDNN's ARM BF16 kernel", "oneDNN's kernel, no bfloat16 multiply
+    instructions" (AVX-512 or AVX-NE-CONVERT alone), "the generic loop" (``has_fast_bfloat16_kernels`` is False).
+    """
+    if device_type == "cuda":
+        return "a GPU's tensor cores" if has_fast_bfloat16_kernels("cuda") else "emulated on this GPU"
+    if not has_fast_bfloat16_kernels(device_type):
+        return "the generic loop"
+    capabilities = torch.cpu.get_capabilities()
+    if capabilities.get("amx_bf16"):
+        return "AMX"
+    if capabilities.get("avx512_bf16"):
+        return "oneDNN's AVX512-BF16 kernel"
+    if capabilities.get("bf16") or capabilities.get("sve_bf16"):  # ARM's BF16 extension
+        return "oneDNN's ARM BF16 kernel"
+    return "oneDNN's kernel, no bfloat16 multiply instructions"

@@ -568,3 +568,118 @@ def loss_curves_figure(curves, title=None):
     ax.legend()
     fig.tight_layout()
     return fig
+
+
+BIT_COLOURS = {"sign": "#e7298a", "exponent (range)": "#1b9e77", "mantissa (precision)": "#7570b3"}
+DTYPE_COLOURS = {"float32": "#4477aa", "bfloat16": HIGHLIGHT}
+
+
+def number_formats_figure(formats, notes=None):
+    """Lesson 05: the bits of each floating-point format: 1 sign bit, the exponent bits, the mantissa bits.
+
+    ``formats`` maps a format's name to ``(exponent bits, mantissa bits)``, as ``torch.finfo`` gives them;
+    ``notes`` (optional) maps a name to a line shown beside its bits (its range and precision, say).
+    """
+    _require_some(formats, "formats", "format name mapped to (exponent bits, mantissa bits)")
+    for name, bits in formats.items():
+        if (len(bits) != 2 or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in bits)):
+            raise ValueError(f"formats[{name!r}] must be (exponent bits, mantissa bits), two positive "
+                             f"integers, got {bits!r}")
+    notes = notes or {}
+    fig = Figure(figsize=(10, 0.9 + 0.75 * len(formats)))
+    ax = fig.add_subplot()
+    widest = max(1 + e + m for e, m in formats.values())
+    for row, (name, (exponent, mantissa)) in enumerate(formats.items()):
+        y = len(formats) - 1 - row
+        kinds = ["sign"] + ["exponent (range)"] * exponent + ["mantissa (precision)"] * mantissa
+        for i, kind in enumerate(kinds):
+            ax.add_patch(FancyBboxPatch((i + 0.08, y + 0.12), 0.84, 0.56, boxstyle="square,pad=0",
+                                        facecolor=BIT_COLOURS[kind], edgecolor="white"))
+        ax.text(-0.6, y + 0.4, f"{name}\n{len(kinds)} bits", ha="right", va="center", fontsize=10)
+        ax.text(1 + exponent / 2, y + 0.4, f"{exponent}", ha="center", va="center", color="white",
+                fontsize=9, weight="bold")
+        ax.text(1 + exponent + mantissa / 2, y + 0.4, f"{mantissa}", ha="center", va="center",
+                color="white", fontsize=9, weight="bold")
+        if name in notes:
+            ax.text(len(kinds) + 0.6, y + 0.4, notes[name], ha="left", va="center", fontsize=9)
+    for kind, colour in BIT_COLOURS.items():
+        ax.bar(0, 0, color=colour, label=kind)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=3, frameon=False, fontsize=9)
+    ax.set_xlim(-4.5, widest + 14)
+    ax.set_ylim(-0.1, len(formats))
+    ax.axis("off")
+    fig.tight_layout()
+    return fig
+
+
+def autocast_layer_figure(dtypes, title=None):
+    """Lesson 05: one transformer layer's steps, in order, each coloured by the dtype it ran in.
+
+    ``dtypes`` maps a step's name ("Q, K, V projections", "layer norm", ...) to the dtype name of its
+    output, "float32" or "bfloat16", in the order the steps run.
+    """
+    _require_some(dtypes, "dtypes", "step name mapped to a dtype name")
+    unknown = {name: dtype for name, dtype in dtypes.items() if dtype not in DTYPE_COLOURS}
+    if unknown:
+        raise ValueError(f"dtypes must be one of {', '.join(DTYPE_COLOURS)}; got {unknown!r}")
+    fig = Figure(figsize=(10, 2.0 + 0.05 * len(dtypes)))
+    ax = fig.add_subplot()
+    per_row = math.ceil(len(dtypes) / 2)
+    for i, (name, dtype) in enumerate(dtypes.items()):
+        row, column = divmod(i, per_row)
+        x, y = column * 2.2, 1.3 - row * 1.3
+        ax.add_patch(FancyBboxPatch((x, y), 1.9, 0.8, boxstyle="round,pad=0.05",
+                                    facecolor=DTYPE_COLOURS[dtype], edgecolor="black", alpha=0.85))
+        ax.text(x + 0.95, y + 0.4, name, ha="center", va="center", fontsize=9, color="white",
+                weight="bold", wrap=True)
+        if column < per_row - 1 and i < len(dtypes) - 1:
+            ax.annotate("", (x + 2.2, y + 0.4), (x + 1.95, y + 0.4), arrowprops=dict(arrowstyle="->"))
+    for dtype, colour in DTYPE_COLOURS.items():
+        ax.bar(0, 0, color=colour, label=f"ran in {dtype}")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0.02), ncol=2, frameon=False, fontsize=10)
+    ax.set_xlim(-0.2, per_row * 2.2)
+    ax.set_ylim(-0.1, 2.3)
+    ax.axis("off")
+    if title:
+        ax.set_title(title, fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def speed_reference_figure(machines):
+    """Lesson 05: bfloat16 time over float32 time, per measurement, on this machine and recorded ones.
+
+    ``machines`` maps a machine's label ("this machine", "Intel Xeon, AVX512-BF16, 2026-12-06") to
+    ``{measurement: ratio}``; a ratio below 1 means bfloat16 was faster. The first machine is drawn in
+    the highlight colour.
+    """
+    _require_some(machines, "machines", "machine label mapped to {measurement: ratio}")
+    for label, ratios in machines.items():
+        _require_some(ratios, f"machines[{label!r}]", "measurement mapped to a ratio")
+        bad = {k: v for k, v in ratios.items() if not _finite_number(v) or v <= 0}
+        if bad:
+            raise ValueError(f"machines[{label!r}]: each ratio must be a finite number > 0 (bfloat16 "
+                             f"seconds over float32 seconds), got {bad!r}")
+    measurements = list(dict.fromkeys(m for ratios in machines.values() for m in ratios))
+    fig = Figure(figsize=(9, 1.4 + 0.45 * len(machines) * len(measurements)))
+    ax = fig.add_subplot()
+    height = 0.8 / len(machines)
+    for i, (label, ratios) in enumerate(machines.items()):
+        for j, measurement in enumerate(measurements):
+            if measurement not in ratios:
+                continue
+            y = j + i * height
+            ax.barh(y, ratios[measurement], height=height * 0.9, left=0,
+                    color=HIGHLIGHT if i == 0 else MUTED, edgecolor="black")
+            ax.text(ratios[measurement] * 1.08, y, f"{ratios[measurement]:.2f}x  {label}",
+                    va="center", fontsize=8)
+    ax.axvline(1.0, color="black", lw=1)
+    ax.set_xscale("log")
+    ax.set_yticks([j + 0.4 - height / 2 for j in range(len(measurements))], measurements)
+    ax.invert_yaxis()
+    low = min(min(r.values()) for r in machines.values())
+    high = max(max(r.values()) for r in machines.values())
+    ax.set_xlim(min(low, 1.0) / 2, max(high, 1.0) * 8)
+    ax.set_xlabel("bfloat16 time / float32 time (log scale): left of the line, bfloat16 is faster")
+    fig.tight_layout()
+    return fig

@@ -274,3 +274,50 @@ def test_a_route_that_fails_to_start_leaves_no_kernel_overridden(monkeypatch):
     with route:  # and the route is not stuck "in use"
         a @ a
     assert route.calls == 1
+
+
+def test_autocast_rules_are_measured_per_device_type_and_differ_where_the_source_says():
+    from helpers.mixed_precision import AUTOCAST_PROBES, POLICIES, autocast_policy
+
+    cpu, cuda = autocast_policy("cpu"), autocast_policy("cuda")
+    assert set(cpu) == set(cuda) == set(AUTOCAST_PROBES)
+    assert set(cpu.values()) | set(cuda.values()) <= set(POLICIES)
+    for rules in (cpu, cuda):  # on both lists of aten/src/ATen/autocast_mode.cpp, or on neither
+        assert rules["linear, matmul"] == "to bfloat16"
+        assert rules["cross-entropy loss"] == "to float32"
+        assert rules["GELU"] == rules["embedding"] == "follows its input"
+    # on the CUDA float32 list only
+    assert {op: (cpu[op], cuda[op]) for op in ("layer norm", "softmax", "exp, sum")} == {
+        op: ("follows its input", "to float32") for op in ("layer norm", "softmax", "exp, sum")}
+
+
+def test_measuring_the_rules_leaves_autocast_as_it_was():
+    from helpers.mixed_precision import autocast_policy
+
+    with torch.autocast("cpu", dtype=torch.float16):
+        autocast_policy("cpu")
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.float16
+        assert torch.nn.functional.linear(torch.ones(2, 2), torch.ones(2, 2)).dtype == torch.float16
+    autocast_policy("cuda")
+    assert not torch.is_autocast_enabled("cuda") and not torch.is_autocast_enabled("cpu")
+
+
+def test_the_rules_of_an_unknown_device_type_get_a_clear_error():
+    from helpers.mixed_precision import autocast_policy
+
+    with pytest.raises(ValueError, match="device_type must be 'cpu' or 'cuda'"):
+        autocast_policy("tpu")
+
+
+def test_the_bfloat16_kernel_is_named_from_what_pytorch_reports(monkeypatch):
+    import helpers.mixed_precision as mixed_precision
+
+    assert mixed_precision.bfloat16_matmul_kernel("cpu") == (
+        "the generic loop" if not mixed_precision.has_fast_bfloat16_kernels("cpu")
+        else "AMX" if torch.cpu.get_capabilities().get("amx_bf16")
+        else "oneDNN's AVX512-BF16 kernel" if torch.cpu.get_capabilities().get("avx512_bf16")
+        else "oneDNN's ARM BF16 kernel" if torch.cpu.get_capabilities().get("bf16")
+        else "oneDNN's kernel, no bfloat16 multiply instructions")
+    monkeypatch.setattr(mixed_precision, "has_fast_bfloat16_kernels", lambda device_type="cpu": False)
+    assert mixed_precision.bfloat16_matmul_kernel("cpu") == "the generic loop"
+    assert mixed_precision.bfloat16_matmul_kernel("cuda") == "emulated on this GPU"

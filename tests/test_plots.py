@@ -46,6 +46,10 @@ GRADIENTS = [0.5 + (-1) ** i * 0.3 for i in range(200)]
 GRID = {"gradient": torch.full((32,), 0.1), "EMA of gradients": torch.full((32,), 0.01),  # float32, as AdamW's
         "EMA of squared gradients": torch.full((32,), 0.001)}
 CURVES = {"float32": [(10, 0.69), (20, 0.5)], "bfloat16": [(10, 0.7), (20, 0.52)]}
+FORMAT_BITS = {"float32": (8, 23), "float16": (5, 10), "bfloat16": (8, 7)}
+LAYER = {"embeddings": "float32", "Q, K, V": "bfloat16", "layer norm": "float32"}
+SPEEDS = {"this machine": {"large matrix multiply": 1.6, "tiny step": 2.7},
+          "Xeon, recorded": {"large matrix multiply": 1.9}}
 
 # function name -> (arguments, number of panels, words the figure must show)
 GOOD = {
@@ -78,6 +82,14 @@ GOOD = {
     "ema_figure": (dict(gradients=GRADIENTS, exp_avg=GRADIENTS, exp_avg_sq=GRADIENTS, bias_corrected=True, mean=0.5,
                         second_moment=1.25), 2, ["step", "exp_avg, bias-corrected", "true second moment: 1.25"]),
     "memory_grid_figure": (dict(states=GRID), 3, ["gradient: 4 bytes per parameter"]),
+    "number_formats_figure": (dict(formats=FORMAT_BITS, notes={"float16": "largest 65504"}), 1,
+                              ["float16\n16 bits", "23", "exponent (range)", "mantissa (precision)",
+                               "largest 65504"]),
+    "autocast_layer_figure": (dict(dtypes=LAYER, title="on CPU"), 1,
+                              ["Q, K, V", "ran in bfloat16", "ran in float32", "on CPU"]),
+    "speed_reference_figure": (dict(machines=SPEEDS), 1,
+                               ["large matrix multiply", "tiny step", "1.60x  this machine",
+                                "1.90x  Xeon, recorded", "left of the line, bfloat16 is faster"]),
     "loss_curves_figure": (dict(curves=CURVES, title="tiny DistilBERT"), 1,
                            ["float32", "bfloat16", "optimizer step", "training loss", "tiny DistilBERT"]),
 }
@@ -131,6 +143,13 @@ def test_the_memory_grid_reads_the_bytes_from_the_dtype():
 
 
 BAD = [
+    ("number_formats_figure", dict(formats={}), "formats is empty"),
+    ("number_formats_figure", dict(formats={"float8": (4, 3.5)}),
+     r"formats\['float8'\] must be \(exponent bits, mantissa bits\)"),
+    ("autocast_layer_figure", dict(dtypes={}), "dtypes is empty"),
+    ("autocast_layer_figure", dict(dtypes={"GELU": "torch.bfloat16"}), "must be one of float32, bfloat16"),
+    ("speed_reference_figure", dict(machines={}), "machines is empty"),
+    ("speed_reference_figure", dict(machines={"mine": {"step": 0}}), r"machines\['mine'\]: each ratio must be"),
     ("three_levers_figure", dict(highlight="speed"),
      "highlight must be one of memory, communication, computation or None"),
     ("loss_curves_figure", dict(curves={}), "curves is empty"),
@@ -199,3 +218,14 @@ def test_the_payoff_figure_draws_the_compute_line_and_one_bar_per_row():
     ax = plots.local_sgd_payoff_figure(PAYOFF, compute_seconds=0.02).axes[0]
     assert [line.get_xdata()[0] for line in ax.lines] == [20.0]  # ms
     assert sorted(bar.get_width() for bar in ax.patches) == sorted(r["ms_per_step"] for r in PAYOFF)
+
+
+def test_the_number_formats_figure_draws_one_cell_per_bit():
+    ax = plots.number_formats_figure({"bfloat16": (8, 7)}).axes[0]
+    assert len(ax.patches) == 16 + 3  # the bits, and the legend's three colours (empty bars)
+
+
+def test_the_speed_figure_draws_each_ratio_and_the_line_at_one():
+    ax = plots.speed_reference_figure(SPEEDS).axes[0]
+    assert sorted(round(bar.get_width(), 2) for bar in ax.patches) == [1.6, 1.9, 2.7]
+    assert [line.get_xdata()[0] for line in ax.lines] == [1.0]

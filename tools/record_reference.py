@@ -1,0 +1,91 @@
+"""`make reference`: record this machine's figures for lesson 05 in data/reference/, beside the recorded ones.
+
+Runs notebooks/05_mixed_precision.ipynb once, top to bottom, on the device the lesson picks (the first CUDA GPU,
+else the CPU), in a copy (the stored outputs stay as they are), reads the values its summary printed, and writes
+them with a description of the machine to ``data/reference/<machine>.json``: device type and name, what it
+offers bfloat16 (``helpers.mixed_precision.bfloat16_matmul_kernel``), PyTorch's CPU kernels or the GPU's compute
+capability, the torch and Python versions, the date, and each figure with its verdict. The lesson plots its
+learner's speed ratios beside every file there, so a figure from another machine reaches the text only this way.
+A second run on the same kind of machine replaces that machine's file. ``--out DIR`` writes elsewhere.
+"""
+import argparse
+import datetime
+import json
+import platform
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench.py, beside this file
+
+from bench import measured_lines  # noqa: E402  (the summary's `name: value` lines, as make bench reads them)
+
+from helpers.paths import REPO_ROOT  # noqa: E402
+
+LESSON = REPO_ROOT / "notebooks" / "05_mixed_precision.ipynb"
+NUMBER = re.compile(r"^-?\d+(\.\d+)?(e-?\d+)?")
+
+
+def machine():
+    """The device the lesson runs on, described without host or user names."""
+    import torch
+
+    from helpers.mixed_precision import bfloat16_matmul_kernel
+
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability(0)
+        device_type, name, capability = "cuda", torch.cuda.get_device_name(0), f"compute capability {major}.{minor}"
+    else:
+        flags = torch.cpu.get_capabilities()
+        bfloat16 = [f for f in ("avx512_bf16", "amx_bf16", "avx_ne_convert", "bf16", "sve_bf16") if flags.get(f)]
+        device_type, name = "cpu", flags.get("cpu_name") or platform.machine()
+        capability = (f"PyTorch's CPU kernels {torch.backends.cpu.get_cpu_capability()}; bfloat16 instructions: "
+                      f"{', '.join(bfloat16) or 'none'}; {flags.get('num_physical_cores')} cores")
+    return {"device": device_type, "device_name": name, "capability": capability,
+            "bfloat16_kernel": bfloat16_matmul_kernel(device_type), "torch": torch.__version__,
+            "python": platform.python_version(), "date": datetime.date.today().isoformat()}
+
+
+def figures(lines):
+    """{name: number} and {name: verdict} from the summary's lines ('0.3957  (expected <= 0.99): in range')."""
+    values, verdicts = {}, {}
+    for name, text in lines.items():
+        match = NUMBER.match(text.strip())
+        if match is None:
+            raise ValueError(f"the summary line {name!r} holds no number: {text!r}")
+        values[name] = float(match.group(0))
+        verdicts[name] = text.rsplit(": ", 1)[1] if "(expected" in text else "exact"
+    return values, verdicts
+
+
+def file_name(record):
+    """'intel-xeon-onednn-s-avx512-bf16-kernel.json': one file per kind of machine."""
+    words = f"{record['device_name']} {record['bfloat16_kernel']}".lower()
+    return re.sub(r"[^a-z0-9]+", "-", words).strip("-") + ".json"
+
+
+def main(out_dir):
+    import nbformat
+    from nbclient import NotebookClient
+
+    notebook = nbformat.read(LESSON, as_version=4)
+    print(f"running {LESSON.relative_to(REPO_ROOT)} (about a minute on 2 CPU cores)", flush=True)
+    NotebookClient(notebook, timeout=600, resources={"metadata": {"path": str(LESSON.parent)}}).execute()
+    lines = measured_lines(notebook)
+    if not lines:
+        raise SystemExit("record_reference: the lesson printed no summary ('Measured in this lesson')")
+    record = machine()
+    record["figures"], record["verdicts"] = figures(lines)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / file_name(record)
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path}")
+    for name, value in record["figures"].items():
+        print(f"  {name}: {value}  ({record['verdicts'][name]})")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "data" / "reference",
+                        help="the folder to write the machine's JSON file into (default: data/reference)")
+    main(parser.parse_args().out)
