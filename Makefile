@@ -28,7 +28,8 @@ $(PY):
 # Reinstalls only when requirements.txt or pyproject.toml change, so a second run is instant.
 $(INSTALLED): requirements.txt pyproject.toml tools/jupyterlab_overrides.json | $(PY)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(if $(TORCH_INDEX),$(PY) tools/install_torch.py --index-url '$(TORCH_INDEX)' --timeout $(TORCH_INDEX_TIMEOUT))
+	@# torch from TORCH_INDEX, or from the index remembered in the venv; without either, nothing (the next line)
+	$(PY) tools/install_torch.py --index-url '$(TORCH_INDEX)' --timeout $(TORCH_INDEX_TIMEOUT)
 	$(PY) -m pip install --quiet -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps -e .
 	@# JupyterLab's first start asks nothing that is not about the course (no news or update prompt)

@@ -83,6 +83,10 @@ def test_torch_comes_from_the_index_and_the_pin_keeps_it(venv, tmp_path):
     # the same index again: nothing to do, and pip is not even asked
     again, seconds = install(venv, index)
     assert again.returncode == 0 and "installed already" in again.stdout and seconds < 10
+    # a reinstall without TORCH_INDEX (requirements.txt changed) takes torch from the remembered index
+    subprocess.run([str(venv), "-m", "pip", "uninstall", "--yes", "torch"], check=True, capture_output=True)
+    remembered, _ = install(venv, "")
+    assert remembered.returncode == 0 and torch_version(venv) == f"{PINNED}+cpu", remembered.stderr
     # another index replaces torch itself
     other = local_index(tmp_path / "cu130", f"{PINNED}+cu130")
     switched, _ = install(venv, other)
@@ -135,4 +139,11 @@ def test_make_install_runs_it_before_the_requirements_only_when_asked(tmp_path):
     asked = planned("TORCH_INDEX=file:///wheels")
     torch_line = next(i for i, line in enumerate(asked) if "tools/install_torch.py --index-url 'file:///wheels'" in line)
     assert torch_line < next(i for i, line in enumerate(asked) if "-r requirements.txt" in line)
-    assert not any("install_torch.py" in line for line in planned())
+    # without it, the script is asked for the remembered index only, and does nothing where there is none
+    assert any("install_torch.py --index-url ''" in line for line in planned())
+
+
+def test_no_index_given_and_none_remembered_leaves_torch_to_the_requirements(tmp_path):
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+    done, seconds = install(tmp_path / "venv" / "bin" / "python", "")  # no pip there: it must not be needed
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "") and seconds < 10

@@ -6,7 +6,9 @@ index, https://download.pytorch.org/whl/cpu, has the CPU build of the same versi
 requirements.txt's `torch==2.13.0` accepts it, so the requirements install keeps it.
 
 - The choice is remembered in the environment (``.torch-index``): a later `make test` without TORCH_INDEX
-  keeps this torch, and the same TORCH_INDEX again installs nothing. Another index replaces torch itself.
+  keeps this torch, a reinstall without it (requirements.txt changed) takes torch from the same index, and
+  the same TORCH_INDEX again installs nothing. Another index replaces torch itself. With no index given and
+  none remembered, it does nothing: pip takes the package index's torch with the other requirements.
 - An index that cannot be reached fails in seconds, with what to do: the index is asked for its torch page
   first (``--timeout`` seconds), and pip itself runs with that timeout and one retry.
 """
@@ -86,12 +88,15 @@ def leftover_cuda_packages():
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--index-url", required=True, help="a wheel index (PEP 503), e.g. " + CPU_INDEX)
+    parser.add_argument("--index-url", default="", help="a wheel index (PEP 503), e.g. " + CPU_INDEX +
+                        "; empty: the one remembered in this environment, if any")
     parser.add_argument("--timeout", type=float, default=20, help="seconds to wait for the index (default 20)")
     args = parser.parse_args(argv)
-    index, version = args.index_url.strip(), pinned_torch()
-    before = installed_torch()
     chosen = CHOICE.read_text().strip() if CHOICE.exists() else None
+    index, version = args.index_url.strip() or chosen, pinned_torch()
+    if not index:
+        return 0  # the package index's torch, installed with the other requirements
+    before = installed_torch()
     if chosen == index and before and before.split("+")[0] == version:
         print(f"torch {before} from {index}: installed already")
         return 0
