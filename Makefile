@@ -8,10 +8,19 @@ INSTALLED := $(VENV)/.installed
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb notebooks/practice/*.ipynb))
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 LAB_ARGS ?=
+# A wheel index to take torch from instead of the package index (whose torch is a CUDA build on Linux),
+# e.g. PyTorch's CPU builds: make install TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# The choice is remembered in the venv; see tools/install_torch.py. TORCH_INDEX_TIMEOUT: seconds to wait.
+TORCH_INDEX ?=
+TORCH_INDEX_TIMEOUT ?= 20
 
-.PHONY: install lab test test-other-cpu test-gpu execute bench run-twice reference data slides handout clean
+.PHONY: install lab test test-other-cpu test-gpu execute bench run-twice reference data slides handout clean torch-from-index
 
-install: $(INSTALLED)
+install: $(INSTALLED) $(if $(TORCH_INDEX),torch-from-index)
+
+# TORCH_INDEX given for a venv that exists: torch from that index, unless it came from there already.
+torch-from-index: $(INSTALLED)
+	$(PY) tools/install_torch.py --index-url '$(TORCH_INDEX)' --timeout $(TORCH_INDEX_TIMEOUT)
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +28,8 @@ $(PY):
 # Reinstalls only when requirements.txt or pyproject.toml change, so a second run is instant.
 $(INSTALLED): requirements.txt pyproject.toml tools/jupyterlab_overrides.json | $(PY)
 	$(PY) -m pip install --quiet --upgrade pip
+	@# torch from TORCH_INDEX, or from the index remembered in the venv; without either, nothing (the next line)
+	$(PY) tools/install_torch.py --index-url '$(TORCH_INDEX)' --timeout $(TORCH_INDEX_TIMEOUT)
 	$(PY) -m pip install --quiet -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps -e .
 	@# JupyterLab's first start asks nothing that is not about the course (no news or update prompt)

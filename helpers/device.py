@@ -43,6 +43,32 @@ def environment_report():
     }
 
 
+def torch_build():
+    """Which build of torch this is, and the GPUs it sees, e.g. "CUDA 13.0, no GPU visible", for a bug report.
+
+    The build is what torch was compiled for (``torch.version``), not what the machine has: pip's torch for
+    Linux is a CUDA build, and runs every lesson on the CPU where it sees no GPU.
+    """
+    if torch.version.cuda:
+        build = f"CUDA {torch.version.cuda}"
+    elif torch.version.hip:
+        build = f"ROCm {torch.version.hip}"
+    elif getattr(torch.version, "xpu", None):
+        build = f"XPU {torch.version.xpu}"
+    elif torch.backends.mps.is_built():
+        build = "CPU, with Apple's MPS"
+    else:
+        build = "CPU only"
+    gpus = torch.cuda.device_count()  # CUDA's or ROCm's; asks NVML, so it does not initialise CUDA
+    if gpus:
+        seen = f"{gpus} GPU{'s' if gpus > 1 else ''} visible"
+    elif torch.backends.mps.is_available():
+        seen = "Apple GPU visible (the lessons use the CPU)"
+    else:
+        seen = "no GPU visible"
+    return f"{build}, {seen}"
+
+
 def pinned_versions(requirements=REPO_ROOT / "requirements.txt"):
     """{package: version} of every ``name==version`` line in requirements.txt."""
     pins = re.findall(r"^([A-Za-z0-9_.-]+)==([^\s#]+)", requirements.read_text(), flags=re.MULTILINE)

@@ -9,6 +9,7 @@ results: this module owns the rest of the protocol.
 - The processes meet on ``port``: by default ``$MASTER_PORT``, the variable PyTorch's launchers read,
   else 29500; if that port is taken, a free one.
 - ``Accelerator(cpu=True)`` when there is no GPU: without it each process would run alone.
+  Accelerate's "Launching training on 2 CPUs." then names that device, whatever the torch build.
   A collective that waits longer than ``COLLECTIVE_TIMEOUT_S`` fails instead of hanging.
 - A worker that raises writes its own traceback before its peers lose their connection to it,
   and ``WorkerFailedError`` shows that root cause in the notebook.
@@ -34,6 +35,7 @@ import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -78,7 +80,7 @@ def run_in_processes(worker, worker_args=(), num_processes=2, port=None, timeout
         watchdog = Watchdog(timeout_s)
         try:
             with _one_thread_per_process(), _quiet_launcher_logs(), watchdog, _frozen_at_fork(), \
-                    _bitsandbytes_out_of_sight():
+                    _bitsandbytes_out_of_sight(), _launched_as_the_workers_run(num_processes):
                 notebook_launcher(record(_forked_worker), args=(worker, tuple(worker_args), str(results_path)),
                                   num_processes=num_processes, use_port=str(port))
         except ChildFailedError as error:
@@ -103,7 +105,35 @@ def worker_accelerator(**kwargs):
 
     timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     processes = int(os.environ.get("WORLD_SIZE", "1"))  # set by notebook_launcher, torchrun, accelerate launch
-    return Accelerator(cpu=torch.cuda.device_count() < processes, kwargs_handlers=[timeout], **kwargs)
+    return Accelerator(cpu=not workers_use_gpus(processes), kwargs_handlers=[timeout], **kwargs)
+
+
+def workers_use_gpus(num_processes):
+    """Whether ``num_processes`` workers get one GPU each: only when there are at least as many GPUs.
+
+    ``torch.cuda.device_count`` asks NVML and does not initialise CUDA, so a process may still fork after it.
+    """
+    return torch.cuda.device_count() >= num_processes
+
+
+@contextlib.contextmanager
+def _launched_as_the_workers_run(num_processes):
+    """Workers that will run on the CPU are launched as a CPU build of torch launches them.
+
+    Accelerate's notebook_launcher picks the launch and its message ("Launching training on 2 CUDAs.") from
+    the device the torch *build* supports, GPU or not (accelerate/utils/environment.py,
+    get_current_device_type). The package index's torch for Linux is a CUDA build, so on a machine without
+    a GPU it said "2 CUDAs" while ``worker_accelerator`` put both processes on the CPU. Here it is told the
+    truth: ("cpu", "NO"), what a CPU build of torch reports, so both builds launch the same way and say
+    "2 CPUs". With a GPU for each worker, nothing changes.
+    """
+    if workers_use_gpus(num_processes):
+        yield
+        return
+    import accelerate.launchers
+
+    with mock.patch.object(accelerate.launchers, "get_current_device_type", lambda: ("cpu", "NO")):
+        yield
 
 
 def _forked_worker(worker, worker_args, results_path):

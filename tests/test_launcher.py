@@ -6,6 +6,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from helpers import launcher
 from helpers.launcher import WorkerFailedError, WorkerTimeoutError, run_in_processes
@@ -61,7 +62,7 @@ def launched_despite_everything():
 
 
 def test_a_worker_runs_on_two_processes_and_process_0_returns_its_result(launched_despite_everything):
-    expected_device = "cuda" if __import__("torch").cuda.is_available() else "cpu"
+    expected_device = "cuda" if torch.cuda.device_count() >= 2 else "cpu"  # one GPU per process, or the CPU
     assert launched_despite_everything["result"] == {"greeting": "hello", "processes": 2, "device": expected_device,
                                                      "threads": 1, "progress bar": "ok"}
 
@@ -142,3 +143,34 @@ def test_a_progress_bar_in_a_worker_does_not_wait_for_the_notebooks_tqdm_lock(la
 def test_a_result_that_is_not_json_is_reported_as_the_workers_error():
     with pytest.raises(WorkerFailedError, match="not JSON serializable"):
         run_in_processes(lambda accelerator: {"path": Path(".")}, ())
+
+
+def says_where_it_runs(accelerator):
+    return accelerator.device.type
+
+
+# What Accelerate's notebook_launcher is told the device is: the torch build's accelerator, GPU or not.
+CPU_BUILD = torch.accelerator.current_accelerator() is None
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="with a GPU for each process, the workers use GPUs")
+@pytest.mark.parametrize("build_reports", [("cuda", "MULTI_GPU"), ("cpu", "NO")], ids=["CUDA build", "CPU build"])
+def test_the_launch_message_names_the_device_the_workers_use(build_reports, monkeypatch, capsys):
+    import accelerate.launchers
+
+    # what get_current_device_type says on a CUDA build with no GPU, and on a CPU build
+    monkeypatch.setattr(accelerate.launchers, "get_current_device_type", lambda: build_reports)
+    assert run_in_processes(says_where_it_runs, num_processes=2, preload=False, timeout_s=60) == "cpu"
+    assert capsys.readouterr().out.splitlines() == ["Launching training on 2 CPUs."]
+    assert accelerate.launchers.get_current_device_type() == build_reports  # put back after the launch
+
+
+@pytest.mark.parametrize("build", [
+    pytest.param("cuda", marks=pytest.mark.skipif(CPU_BUILD, reason="a CPU build of torch")),
+    pytest.param("cpu", marks=pytest.mark.skipif(not CPU_BUILD, reason="a torch build with an accelerator backend"))])
+def test_accelerate_names_the_builds_device_not_a_visible_one(build, monkeypatch):
+    """Why the launcher corrects Accelerate: a CUDA build says "cuda" even where no GPU is visible."""
+    from accelerate.utils.environment import get_current_device_type
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert get_current_device_type()[0] == build

@@ -189,11 +189,32 @@ def test_1_2_the_deprecated_name_is_found_when_the_learner_ignores_every_warning
     assert_verdict(verdict, WRONG, "deprecated name", "activation_checkpointing_enable")
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="offload fails only without an accelerator")
-def test_1_2_offload_on_a_cpu_machine_is_explained():
-    switch = lambda m: m.activation_checkpointing_enable(activation_checkpointing_kwargs=NON_REENTRANT_NO_STASH,
-                                                         offload=True)
-    assert_verdict(l1.check_switch_on_checkpointing.verdict(switch), WRONG, "pin_memory", "leave offload at False")
+OFFLOADING_SWITCHES = [
+    lambda m: m.activation_checkpointing_enable(activation_checkpointing_kwargs=NON_REENTRANT_NO_STASH, offload=True),
+    lambda m: m.activation_checkpointing_enable(NON_REENTRANT_NO_STASH, 1, True),
+    lambda m: m.gradient_checkpointing_enable(gradient_checkpointing_kwargs=NON_REENTRANT_NO_STASH, offload=True)]
+# Transformers' offload pins memory through torch.autograd.graph.save_on_cpu, for the build's accelerator: a CPU
+# build has none, and pinning raises; a CUDA build without a GPU skips the pinning and runs.
+NO_ACCELERATOR_BACKEND = torch.accelerator.current_accelerator() is None
+
+
+@pytest.mark.parametrize("switch", OFFLOADING_SWITCHES)
+def test_1_2_offload_is_not_quite_on_every_build(switch):
+    assert_verdict(l1.check_switch_on_checkpointing.verdict(switch), WRONG, "leave offload at False")
+
+
+@pytest.mark.skipif(not NO_ACCELERATOR_BACKEND, reason="this torch build has an accelerator backend (a CUDA build): "
+                                                       "offload runs, and the check judges the switch's arguments")
+def test_1_2_offload_that_raises_on_a_cpu_build_is_explained():
+    assert_verdict(l1.check_switch_on_checkpointing.verdict(OFFLOADING_SWITCHES[0]), WRONG, "raised RuntimeError",
+                   "pin_memory", "cannot pin memory", "leave offload at False")
+
+
+@pytest.mark.skipif(NO_ACCELERATOR_BACKEND, reason="a CPU build of torch cannot pin memory: offload raises, "
+                                                   "checked in the test above")
+def test_1_2_offload_that_runs_on_a_build_with_an_accelerator_backend_is_named():
+    assert_verdict(l1.check_switch_on_checkpointing.verdict(OFFLOADING_SWITCHES[0]), WRONG,
+                   "you passed offload=True", "leave offload at False")
 
 
 def test_1_2_not_done_yet():

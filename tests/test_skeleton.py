@@ -184,3 +184,42 @@ def test_the_version_checks_read_the_pins_and_say_what_is_wrong():
     assert lines[1] == "torch: 2.12.1, but requirements.txt pins 2.13.0: run `make lab` again"
     report = {**environment_report(), "python": "3.13.1", "torch": "2.13.0+cu126"}
     assert version_checks(report)[:2] == ["python: supported (3.11 to 3.13)", "torch: 2.13.0, as pinned"]
+
+
+@pytest.mark.parametrize("cuda, hip, mps_built, mps_available, gpus, expected", [
+    ("13.0", None, False, False, 0, "CUDA 13.0, no GPU visible"),  # pip's torch on Linux, no GPU
+    ("12.6", None, False, False, 2, "CUDA 12.6, 2 GPUs visible"),
+    (None, None, False, False, 0, "CPU only, no GPU visible"),  # PyTorch's CPU index, or Windows
+    (None, "6.4", False, False, 1, "ROCm 6.4, 1 GPU visible"),
+    (None, None, True, True, 0, "CPU, with Apple's MPS, Apple GPU visible (the lessons use the CPU)")])  # macOS
+def test_the_torch_build_line_says_what_torch_was_built_for_and_the_gpus_it_sees(
+        cuda, hip, mps_built, mps_available, gpus, expected, monkeypatch):
+    from helpers.device import torch_build
+
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    monkeypatch.setattr(torch.version, "hip", hip)
+    monkeypatch.setattr(torch.version, "xpu", None, raising=False)
+    monkeypatch.setattr(torch.backends.mps, "is_built", lambda: mps_built)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps_available)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    line = torch_build()
+    assert line == expected
+    # lesson 00 prints it; nbval compares its form, not the machine's build (tests/nbval_sanitize.cfg)
+    from test_ranges import sanitize
+    assert sanitize(f"python: ok\ntorch build: {line}\ndevice: cpu\n") == \
+        "python: ok\ntorch build: THIS MACHINE'S BUILD\ndevice: cpu\n"
+
+
+def test_the_torch_build_line_of_this_torch():
+    from helpers.device import torch_build
+
+    build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU"  # the reference: torch.version itself
+    assert torch_build().startswith(build)
+    assert torch_build().endswith("no GPU visible") == (torch.cuda.device_count() == 0)
+
+
+def test_a_torch_build_line_of_another_form_is_compared_not_hidden():
+    from test_ranges import sanitize
+
+    for line in ("torch build: CUDA 13.0", "torch build: CPU only, no GPUs visible", "torch: CPU only, no GPU visible"):
+        assert sanitize(line) == line

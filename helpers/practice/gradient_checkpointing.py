@@ -196,6 +196,12 @@ def switch_reference():
     return batch, before.saved_bytes, reference.saved_bytes, gradients
 
 
+class SwitchCalls(list):
+    """The names of the checkpointing switches called, in order; ``offload``: whether one asked for offload=True."""
+
+    offload = False
+
+
 SWITCHES = ("activation_checkpointing_enable", "gradient_checkpointing_enable",  # today's name, then the old one
             "activation_checkpointing_disable", "gradient_checkpointing_disable")
 
@@ -203,6 +209,8 @@ SWITCHES = ("activation_checkpointing_enable", "gradient_checkpointing_enable", 
 @contextlib.contextmanager
 def recording_switches():
     """Record, in order, which of PreTrainedModel's checkpointing switches the code inside calls.
+
+    The list it yields also says (``.offload``) whether any of those calls asked for ``offload=True``.
 
     Only the calls the code makes itself: the old names call today's (transformers/modeling_utils.py,
     gradient_checkpointing_enable), and that inner call is not the learner's. The check must not rely on
@@ -212,12 +220,18 @@ def recording_switches():
     """
     from transformers import PreTrainedModel
 
-    calls, depth = [], [0]
+    calls, depth = SwitchCalls(), [0]
 
     def recorded(name, original):
+        signature = inspect.signature(original)
+
         def switch(self, *args, **kwargs):
             if depth[0] == 0:
                 calls.append(name)
+                with contextlib.suppress(TypeError):  # arguments it does not take: the switch itself says so
+                    arguments = signature.bind(self, *args, **kwargs).arguments
+                    # today's name takes offload=; the old one passes it on in **kwargs
+                    calls.offload |= bool(arguments.get("offload", arguments.get("kwargs", {}).get("offload")))
             depth[0] += 1
             try:
                 return original(self, *args, **kwargs)
@@ -239,10 +253,13 @@ def dropout_on(model):
             if isinstance(module, torch.nn.Dropout) and module.p > 0]
 
 
+OFFLOAD_HINT = ("the colleague asked for nothing of the sort: leave offload at False, its default. offload=True "
+                "asks Transformers to copy what checkpoint keeps to pinned host memory "
+                "(torch.autograd.graph.save_on_cpu), to free an accelerator's memory; this model is on the CPU "
+                "already")
 SWITCH_ERROR_HINTS = (
-    ("pin_memory", "offload=True asks Transformers to copy what checkpoint keeps to pinned host memory "
-                   "(torch.autograd.graph.save_on_cpu), which needs an accelerator; the colleague asked for "
-                   "nothing of the sort: leave offload at False, its default."),
+    # a CPU build of torch: "pin_memory=True requires a CUDA or other accelerator backend; no pinned memory ..."
+    ("pin_memory", f"{OFFLOAD_HINT}, and this torch build cannot pin memory."),
     ("ZeroDivisionError", "did you pass every_n_layers=0? Transformers checkpoints the layers whose index is a "
                           "multiple of every_n_layers (layer_index % every_n_layers), so it must be at least 1; "
                           "every layer is every_n_layers=1, its default."),
@@ -308,6 +325,10 @@ def check_switch_on_checkpointing(switch_on_checkpointing):
                     "for backward, and with preserve_rng_state=False a recomputed layer would draw other masks "
                     "than its forward did. Hint: change only the checkpointing switch; leave dropout at 0.0.")
     problems = []
+    # A CPU build raises above, in save_on_cpu's pinning. A CUDA build runs it, GPU or not (without one,
+    # save_on_cpu skips the pinning: torch.cuda.is_available() is False), so offload is judged here.
+    if switches_called.offload:
+        problems.append(f"you passed offload=True: {OFFLOAD_HINT}")
     if deprecated:
         problems.append("you called gradient_checkpointing_enable, the deprecated name (Transformers warns that "
                         "it goes in v6): the exercise asks for today's name, activation_checkpointing_enable; its "
