@@ -1,5 +1,5 @@
-"""Training settings, a short Trainer run and evaluation, shared by the training lessons (introduced in lesson 02,
-used again in 03 and 04) and their practice checks."""
+"""Training settings, a short Trainer run and evaluation, shared by the training lessons
+(introduced in lesson 02, used again in 03 and 04) and their practice checks."""
 import contextlib
 import random
 import tempfile
@@ -7,14 +7,19 @@ import tempfile
 import numpy as np
 import torch
 
-# The tiny DistilBERT's training settings, shared by lessons 02 and 03 and their practice checks.
+# The tiny DistilBERT's training settings, shared by lessons 02 and 03 and their
+# practice checks.
 LEARNING_RATE = 3e-3  # high, as a tiny model trained from scratch likes it
 WARMUP_SHARE = 0.1  # share of the optimizer steps with a rising learning rate
-WEIGHT_DECAY = 0.0  # Trainer's default, which the hand-written loops copy (torch's AdamW defaults to 0.01)
-MAX_GRAD_NORM = 1.0  # Trainer's default gradient clipping, which the hand-written loops copy
-# Lesson 02's Trainer batches (the slide's): 64 examples per optimizer step, which exercise 2.1 keeps.
+# Trainer's default, which the hand-written loops copy (torch's AdamW defaults to 0.01)
+WEIGHT_DECAY = 0.0
+# Trainer's default gradient clipping, which the hand-written loops copy
+MAX_GRAD_NORM = 1.0
+# Lesson 02's Trainer batches (the slide's): 64 examples per optimizer step, which
+# exercise 2.1 keeps.
 MICRO_BATCH_SIZE = 16  # examples in one forward + backward
-TRAINER_ACCUMULATION = 4  # micro-batches per optimizer step (gradient_accumulation_steps)
+# micro-batches per optimizer step (gradient_accumulation_steps)
+TRAINER_ACCUMULATION = 4
 
 
 def accuracy_and_f1(labels, predictions):
@@ -44,12 +49,14 @@ def compute_metrics(eval_prediction):
 
 @torch.no_grad()
 def evaluate(model, dataloader, device=None):
-    """Mean loss, accuracy and F1 of ``model`` over ``dataloader``, in evaluation mode."""
+    """Mean loss, accuracy and F1 of ``model`` over ``dataloader``, in evaluation
+    mode."""
     was_training = model.training
     model.eval()
     losses, predictions, labels = [], [], []
     for batch in dataloader:
-        batch = {key: value.to(device) for key, value in batch.items()} if device is not None else batch
+        batch = ({key: value.to(device) for key, value in batch.items()}
+                 if device is not None else batch)
         outputs = model(**batch)
         losses.append(outputs.loss.item() * len(batch["labels"]))
         predictions.append(outputs.logits.argmax(-1).cpu())
@@ -89,9 +96,11 @@ def first_logged_losses(model, train_dataset, tokenizer, steps, micro_batch_size
 
 @contextlib.contextmanager
 def global_random_state_kept():
-    """Put the global random generators (Python's, NumPy's, PyTorch's on CPU and GPU) back when the block ends."""
+    """Put the global random generators (Python's, NumPy's, PyTorch's on CPU and GPU)
+    back when the block ends."""
     python_state, numpy_state = random.getstate(), np.random.get_state()
-    gpus = list(range(torch.cuda.device_count()))  # named, so that fork_rng does not warn about several GPUs
+    # named, so that fork_rng does not warn about several GPUs
+    gpus = list(range(torch.cuda.device_count()))
     try:
         with torch.random.fork_rng(devices=gpus):
             yield
