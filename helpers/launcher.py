@@ -59,10 +59,10 @@ def run_in_processes(worker, worker_args=(), num_processes=2, port=None,
     fork, for workers that use neither.
     """
     from accelerate import notebook_launcher
-    from torch.distributed.elastic.multiprocessing.errors import (ChildFailedError,
-                                                                  record)
-
-    from helpers.models import preload_training_modules
+    from torch.distributed.elastic.multiprocessing.errors import (
+        ChildFailedError,
+        record,
+    )
 
     if (isinstance(num_processes, bool) or not isinstance(num_processes, int)
         or num_processes < 2):
@@ -76,7 +76,7 @@ def run_in_processes(worker, worker_args=(), num_processes=2, port=None,
     reset_accelerate_state()
     if preload:
         # once, before the fork: the workers share it instead of each importing it
-        preload_training_modules()
+        _preload_training_modules()
     if port is None:
         port = default_port()
     if port_is_busy(port):
@@ -110,6 +110,15 @@ def run_in_processes(worker, worker_args=(), num_processes=2, port=None,
             raise failure
         return json.loads(results_path.read_text())["result"]
 
+
+
+def _preload_training_modules():
+    """Import the model's and the data's code now, once (seconds), before the fork:
+    each worker then shares it instead of importing DistilBERT's modeling code, datasets
+    and the tokenizer classes again."""
+    import datasets  # noqa: F401
+    import transformers.models.distilbert.modeling_distilbert  # noqa: F401
+    from transformers import AutoTokenizer, DataCollatorWithPadding  # noqa: F401
 
 def worker_accelerator(**kwargs):
     """The Accelerator a worker process trains with: one GPU per process when there are

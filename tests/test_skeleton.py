@@ -12,8 +12,12 @@ import torch
 
 from helpers import data as course_data
 from helpers.device import NetworkBlockedError, get_device, no_network
-from helpers.models import (MODEL_CONFIG_DIRS, build_model, count_parameters,
-                            model_config)
+from helpers.models import (
+    MODEL_CONFIG_DIRS,
+    build_model,
+    count_parameters,
+    model_config,
+)
 from helpers.paths import REPO_ROOT
 
 
@@ -76,11 +80,6 @@ def test_bad_num_labels_says_what_is_valid(bad):
 def test_unknown_model_size_lists_the_valid_names():
     with pytest.raises(ValueError, match="unknown model size 'huge'.*tiny, base"):
         build_model("huge")
-
-
-def test_pretrained_opt_in_without_network_fails_fast_and_clearly(tmp_path):
-    with no_network(), pytest.raises(RuntimeError, match="pretrained=False"):
-        build_model("base", pretrained=True, cache_dir=tmp_path)
 
 
 def test_no_network_really_blocks_connections():

@@ -2,9 +2,9 @@
 
 One optimizer step over exactly 32 examples (4 micro-batches of 8, learning rate 0)
 has a true mean loss that does not depend on the order of the examples. Trainer runs
-through helpers.training.first_logged_losses, the function lesson 02 and its practice
-check use; the true mean loss is computed here directly, in one forward pass, as an
-independent reference.
+through helpers.trainer_losses.first_logged_losses, the function lesson 02 and its
+practice check use; the true mean loss is computed here directly, in one forward
+pass, as an independent reference.
 """
 import math
 
@@ -14,7 +14,7 @@ from transformers import DataCollatorWithPadding
 
 from helpers.data import load_tokenized
 from helpers.models import build_model
-from helpers.training import first_logged_losses
+from helpers.trainer_losses import first_logged_losses
 
 ACCUMULATION, MICRO_BATCH = 4, 8
 

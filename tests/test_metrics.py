@@ -1,9 +1,9 @@
-"""helpers/training.py: accuracy and F1 (lesson 02), checked on cases worked out by
+"""helpers/metrics.py: accuracy and F1 (lesson 02), checked on cases worked out by
 hand."""
 import numpy as np
 import pytest
 
-from helpers.training import accuracy_and_f1, compute_metrics
+from helpers.metrics import accuracy_and_f1, compute_metrics
 
 
 def test_accuracy_and_f1_of_the_paraphrase_class():
