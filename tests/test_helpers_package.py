@@ -43,7 +43,7 @@ def test_importing_every_helpers_module_has_no_side_effects():
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.splitlines()[-1])
-    assert {"helpers.models", "helpers.plots", "helpers.practice.adamw"} <= set(
+    assert {"helpers.models", "helpers.plots", "helpers.practice.check_adamw"} <= set(
         report["imported"]
     ), report["imported"]
     assert report["changed"] == [], f"importing helpers changed: {report['changed']}"

@@ -12,14 +12,21 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
+from practice_support import assert_verdict
 
 from helpers.paths import REPO_ROOT
-from helpers.practice.verdicts import (CHECK_FAILED, CORRECT, WRONG, Wrong,
-                                       call_learner, checker, explaining_warnings,
-                                       is_unfinished, whole_number)
-from helpers.practice import adamw as l4
-
-from practice_support import assert_verdict
+from helpers.practice import check_adamw as l4
+from helpers.practice.verdicts import (
+    CHECK_FAILED,
+    CORRECT,
+    WRONG,
+    Wrong,
+    call_learner,
+    checker,
+    explaining_warnings,
+    is_unfinished,
+    whole_number,
+)
 
 PRACTICE = REPO_ROOT / "notebooks" / "practice"
 
@@ -74,7 +81,7 @@ def test_a_check_failing_in_code_it_calls_points_at_the_helpers_line_that_called
     monkeypatch.setattr(l4.optimizer_state, "optimizer_state_size", broken_weigher)
     verdict = l4.check_optimizer_state_size.verdict(lambda optimizer: 0)
     assert_verdict(verdict, CHECK_FAILED, "RuntimeError: the state changed shape",
-                   "helpers/practice/adamw.py, line")
+                   "helpers/practice/check_adamw.py, line")
 
 
 def test_an_exception_in_the_learners_code_is_not_quite_in_one_sentence(capsys):
@@ -97,8 +104,8 @@ def test_a_check_lets_warnings_through_unless_it_explains_them():
     @checker("0.3")
     def check_warns(answer):
         with explaining_warnings("old name") as explained:
-            warnings.warn("the old name is deprecated", FutureWarning)
-            warnings.warn("something else", UserWarning)
+            warnings.warn("the old name is deprecated", FutureWarning, stacklevel=1)
+            warnings.warn("something else", UserWarning, stacklevel=1)
         return f"explained {len(explained)}"
 
     with pytest.warns(UserWarning, match="something else") as shown:
@@ -109,7 +116,7 @@ def test_a_check_lets_warnings_through_unless_it_explains_them():
 def test_explaining_warnings_shows_the_others_even_when_the_block_raises():
     with pytest.warns(UserWarning, match="shown anyway"), pytest.raises(ValueError):
         with explaining_warnings("explained"):
-            warnings.warn("shown anyway", UserWarning)
+            warnings.warn("shown anyway", UserWarning, stacklevel=1)
             raise ValueError
 
 

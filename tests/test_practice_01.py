@@ -6,12 +6,11 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from practice_support import assert_verdict, draws_after_seeding
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, checkpoint_sequential
 
+from helpers.practice import check_gradient_checkpointing as l1
 from helpers.practice.verdicts import CHECK_FAILED, CORRECT, NOT_DONE, WRONG, Wrong
-from helpers.practice import gradient_checkpointing as l1
-
-from practice_support import assert_verdict, draws_after_seeding
 
 aten = torch.ops.aten
 
@@ -323,9 +322,10 @@ def test_1_2_the_deprecated_name_is_found_when_the_learner_ignores_every_warning
 @pytest.mark.skipif(torch.cuda.is_available(), reason="offload fails only without an "
                                                       "accelerator")
 def test_1_2_offload_on_a_cpu_machine_is_explained():
-    switch = lambda m: m.activation_checkpointing_enable(
-        activation_checkpointing_kwargs=NON_REENTRANT_NO_STASH, offload=True
-    )
+    def switch(m):
+        m.activation_checkpointing_enable(
+            activation_checkpointing_kwargs=NON_REENTRANT_NO_STASH, offload=True)
+
     assert_verdict(l1.check_switch_on_checkpointing.verdict(switch), WRONG,
                    "pin_memory", "leave offload at False")
 
@@ -681,7 +681,9 @@ def late_binding_after_the_loop(blocks, h, segments):
     start = 0
     for size in l1.balanced_sizes(len(blocks), segments):
         end = start + size
-        h = checkpoint(lambda x: run(blocks[start:end], x), h, use_reentrant=False)
+        # the late binding is this wrong answer's mistake, on purpose
+        h = checkpoint(lambda x: run(blocks[start:end], x), h,  # noqa: B023
+                       use_reentrant=False)
         start = end
     return h
 
@@ -690,7 +692,9 @@ def late_binding_after_the_loop(blocks, h, segments):
 def late_binding_in_zip(blocks, h, segments):
     bounds = [i * len(blocks) // segments for i in range(segments + 1)]
     for start, end in zip(bounds, bounds[1:]):
-        h = checkpoint(lambda x: run(blocks[start:end], x), h, use_reentrant=False)
+        # the late binding is this wrong answer's mistake, on purpose
+        h = checkpoint(lambda x: run(blocks[start:end], x), h,  # noqa: B023
+                       use_reentrant=False)
     return h
 
 
@@ -877,7 +881,7 @@ def test_a_check_that_fails_itself_says_so(monkeypatch):
     monkeypatch.setattr(l1, "GATED_TENSORS", l1.GATED_TENSORS[:-1])
     verdict = l1.check_gated_block_policy.verdict(l1.keep_gate_and_up)
     assert_verdict(
-        verdict, CHECK_FAILED, "helpers/practice/gradient_checkpointing.py, line"
+        verdict, CHECK_FAILED, "helpers/practice/check_gradient_checkpointing.py, line"
     )
 
 

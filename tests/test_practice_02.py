@@ -9,14 +9,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from practice_support import assert_verdict, draws_after_seeding
 from transformers import TrainingArguments
 from transformers.training_args import IntervalStrategy
 
+from helpers.practice import check_trainer_and_accelerator as l2
 from helpers.practice.verdicts import CHECK_FAILED, CORRECT, NOT_DONE, WRONG
-from helpers.practice import trainer_and_accelerator as l2
-
-from practice_support import assert_verdict, draws_after_seeding
-
 
 # --- 2.1: TrainingArguments for a GPU that fits 8 examples
 # ------------------------------------------------
@@ -477,7 +475,7 @@ def averages_the_gradients_by_hand(accelerator, model, optimizer, dataloader):
 def test_2_3_accepts_fixes_however_written(loop):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        verdict = l2.check_fixed_loop.verdict(loop)
+        verdict = l2.check_fixed_accumulation_loop.verdict(loop)
     assert_verdict(verdict, CORRECT, "2 optimizer steps", "the mean loss of each step")
     # the check's own code warns about nothing
     assert [str(warning.message) for warning in caught] == []
@@ -616,7 +614,7 @@ def last_micro_batch_loss(accelerator, model, optimizer, dataloader):
     ],
 )
 def test_2_3_near_misses_are_not_quite_and_named(loop, fragments):
-    assert_verdict(l2.check_fixed_loop.verdict(loop), WRONG, *fragments)
+    assert_verdict(l2.check_fixed_accumulation_loop.verdict(loop), WRONG, *fragments)
 
 
 def test_2_3_the_comparison_shows_the_symptom_not_the_cause(capsys):
@@ -760,8 +758,8 @@ def unfinished(*args, **kwargs):
 
 @pytest.mark.parametrize(
     "check",
-    [l2.check_training_arguments, l2.check_logged_loss_prediction, l2.check_fixed_loop,
-     l2.check_step_mean_loss],
+    [l2.check_training_arguments, l2.check_logged_loss_prediction,
+     l2.check_fixed_accumulation_loop, l2.check_step_mean_loss],
 )
 def test_an_unfinished_answer_is_not_done_yet(check):
     assert_verdict(check.verdict(unfinished), NOT_DONE, "`...`")
@@ -772,7 +770,7 @@ def test_an_unfinished_answer_is_not_done_yet(check):
     [
         (l2.check_training_arguments, arguments()),
         (l2.check_logged_loss_prediction, predict_with_a_loop),
-        (l2.check_fixed_loop, fixed_by_hand),
+        (l2.check_fixed_accumulation_loop, fixed_by_hand),
         (
             l2.check_step_mean_loss,
             lambda outputs, labels, num_items_in_batch: (
@@ -787,7 +785,7 @@ def test_each_check_runs_on_one_thread_and_gives_the_learners_back(
 ):
     threads_seen = []
     runner = {
-        l2.check_fixed_loop: "loop_run",
+        l2.check_fixed_accumulation_loop: "loop_run",
         l2.check_logged_loss_prediction: "first_logged_losses",
     }.get(check, "trainer_run")  # what trains, in each check
     real_run = getattr(l2, runner)
@@ -814,16 +812,16 @@ def test_a_bug_in_the_check_says_so_and_where(monkeypatch):
         raise RuntimeError("the reference broke")
 
     monkeypatch.setattr(l2, "reference_run", broken_reference)
-    assert_verdict(l2.check_fixed_loop.verdict(fixed_by_hand), CHECK_FAILED,
-                   "RuntimeError: the reference broke",
-                   "helpers/practice/trainer_and_accelerator.py, line")
+    assert_verdict(l2.check_fixed_accumulation_loop.verdict(fixed_by_hand),
+                   CHECK_FAILED, "RuntimeError: the reference broke",
+                   "helpers/practice/check_trainer_and_accelerator.py, line")
 
 
 @pytest.mark.parametrize(
     "check, answer",
     [
         (l2.check_training_arguments, arguments()),  # trains one Trainer step
-        (l2.check_fixed_loop, fixed_by_hand),  # an Accelerate loop
+        (l2.check_fixed_accumulation_loop, fixed_by_hand),  # an Accelerate loop
         (
             l2.check_step_mean_loss,
             lambda outputs, labels, num_items_in_batch: (

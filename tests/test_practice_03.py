@@ -15,11 +15,10 @@ import numpy as np
 import pytest
 import torch
 from accelerate.local_sgd import LocalSGD
-
-from helpers.practice import local_sgd as l3
-from helpers.practice.verdicts import CORRECT, WRONG, checker
-
 from practice_support import assert_verdict, draws_after_seeding
+
+from helpers.practice import check_local_sgd as l3
+from helpers.practice.verdicts import CORRECT, WRONG, checker
 
 
 def judged(judge, *args):
@@ -609,14 +608,16 @@ def step_without_the_block(accelerator, model, optimizer, dataloader):
 
 
 def test_3_3_a_failing_worker_is_one_sentence_not_a_traceback():
-    assert_verdict(l3.check_fixed_loop.verdict(step_without_the_block), WRONG,
+    assert_verdict(l3.check_fixed_local_sgd_loop.verdict(step_without_the_block), WRONG,
                    "failed in a worker process with NameError", "'local_sgd'",
                    "keep that line")
 
 
 def test_3_3_whole_check_passes_and_leaves_the_learners_random_numbers_alone():
-    assert (draws_after_seeding(lambda: l3.check_fixed_loop.verdict(fix_loop()))
-            == draws_after_seeding())
+    def check_the_fix():
+        return l3.check_fixed_local_sgd_loop.verdict(fix_loop())
+
+    assert draws_after_seeding(check_the_fix) == draws_after_seeding()
 
 
 # --- 3.4: one all-reduce per averaging

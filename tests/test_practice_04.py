@@ -10,12 +10,11 @@ import math
 import numpy as np
 import pytest
 import torch
+from practice_support import assert_verdict, draws_after_seeding
 
-from helpers.practice import adamw as l4
+from helpers.practice import check_adamw as l4
 from helpers.practice.verdicts import CORRECT, NOT_DONE, WRONG
 from helpers.units import GiB
-
-from practice_support import assert_verdict, draws_after_seeding
 
 
 def values(shapes):

@@ -3,12 +3,11 @@ get the intended message."""
 import pytest
 import torch
 from accelerate import Accelerator
+from practice_support import assert_verdict, draws_after_seeding
 from transformers import TrainingArguments
 
-from helpers.practice import mixed_precision as l5
+from helpers.practice import check_mixed_precision as l5
 from helpers.practice.verdicts import CORRECT, NOT_DONE, WRONG
-
-from practice_support import assert_verdict, draws_after_seeding
 
 ON_CPU = not torch.cuda.is_available()
 
