@@ -44,6 +44,7 @@ import urllib.request
 from collections import Counter
 
 import pytest
+from chromium import Chromium, find_chromium
 
 from helpers.paths import REPO_ROOT
 
@@ -245,11 +246,11 @@ def test_rise_extension_is_installed_and_enabled():
 
 @pytest.fixture(scope="module")
 def browser():
-    if handout.find_chromium() is None:
+    if find_chromium() is None:
         pytest.skip("Chromium is not installed (Debian: apt-get install chromium); "
                     "the deck tests need a browser")
     # one browser for every deck, the live deck and the handouts
-    with handout.Chromium() as page:
+    with Chromium() as page:
         yield page
 
 
@@ -580,7 +581,7 @@ def lab_with_one_lesson(tmp_path_factory):
         except OSError:
             if time.time() > deadline or process.poll() is not None:
                 process.kill()
-                raise RuntimeError("jupyter lab did not start within 90 s")
+                raise RuntimeError("jupyter lab did not start within 90 s") from None
             time.sleep(0.3)
     yield url, lesson
     process.terminate()  # the server shuts its kernel down first
