@@ -9,7 +9,7 @@ NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb notebooks/practice/*.ipynb))
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 LAB_ARGS ?=
 
-.PHONY: install lab test test-other-cpu test-gpu execute bench run-twice data slides handout clean
+.PHONY: install lab lint test test-other-cpu test-gpu execute bench run-twice data slides handout clean
 
 install: $(INSTALLED)
 
@@ -39,6 +39,10 @@ lab: $(INSTALLED)
 # cells in order) stays on one worker. TEST_WORKERS=0 runs everything in this one process.
 TEST_WORKERS ?= 2
 PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
+# ruff over helpers/, tools/, tests/, data/ and the notebooks' code cells (pyproject.toml).
+lint: $(INSTALLED)
+	$(VENV)/bin/ruff check .
 
 test: $(INSTALLED)
 	CUDA_VISIBLE_DEVICES= $(PY) -m pytest $(NBVAL) $(PARALLEL) --durations=15 tests notebooks

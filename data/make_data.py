@@ -112,8 +112,15 @@ def write_splits(out_dir):
 
 def train_tokenizer(paraphrase_dir, out_dir):
     """A cased WordPiece tokenizer, BERT-style, trained on the train split only."""
-    from tokenizers import (Tokenizer, decoders, models, normalizers, pre_tokenizers,
-                            processors, trainers)
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
     from transformers import PreTrainedTokenizerFast
 
     rows = [json.loads(line)

@@ -38,7 +38,7 @@ def lab_server(tmp_path_factory):
         except OSError:
             if time.time() > deadline or process.poll() is not None:
                 process.kill()
-                raise RuntimeError("jupyter lab did not start within 60 s")
+                raise RuntimeError("jupyter lab did not start within 60 s") from None
             time.sleep(0.3)
     yield url
     process.terminate()

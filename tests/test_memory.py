@@ -5,8 +5,11 @@ from functools import partial
 
 import pytest
 import torch
-from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
-                                    create_selective_checkpoint_contexts)
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
 
 from helpers.memory import LiveTensorTracker, count_ops, measure_memory, storage_key
 
@@ -181,7 +184,10 @@ def test_the_peak_of_two_ops_by_hand():
 
 def test_the_peak_with_one_checkpoint_by_hand():
     x = torch.randn(N, requires_grad=True)
-    first_half = lambda t: t.exp().exp()
+
+    def first_half(t):
+        return t.exp().exp()
+
     plain = measure_memory(lambda: first_half(x).exp().exp().sum())
     checkpointed = measure_memory(
         lambda: checkpoint(first_half, x, use_reentrant=False).exp().exp().sum()

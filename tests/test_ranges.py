@@ -15,8 +15,13 @@ import nbformat
 import pytest
 
 from helpers.paths import REPO_ROOT
-from helpers.ranges import (OUT_OF_RANGE, in_range, measured_line, print_measured,
-                            range_text)
+from helpers.ranges import (
+    OUT_OF_RANGE,
+    in_range,
+    measured_line,
+    print_measured,
+    range_text,
+)
 
 SANITIZER = REPO_ROOT / "tests" / "nbval_sanitize.cfg"
 _spec = importlib.util.spec_from_file_location(
