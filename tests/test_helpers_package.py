@@ -1,8 +1,14 @@
 """Importing any module of the helpers package changes nothing: no seeds, no settings,
-no network."""
+no network; and each module's docstring names the lesson that introduces it."""
+import ast
 import json
+import re
 import subprocess
 import sys
+
+import pytest
+
+from helpers.paths import REPO_ROOT
 
 # Run in a fresh interpreter: in this one, other tests have imported helpers long ago.
 IMPORT_EVERY_MODULE = r"""
@@ -49,3 +55,16 @@ def test_importing_every_helpers_module_has_no_side_effects():
     assert report["changed"] == [], f"importing helpers changed: {report['changed']}"
     assert report["attempts"] == [], ("importing helpers tried to connect: "
                                       f"{report['attempts']}")
+
+
+LESSON = re.compile(r"\b(?:lessons? 0\d|00_start_here)")
+
+
+@pytest.mark.parametrize("path", sorted((REPO_ROOT / "helpers").rglob("*.py")),
+                         ids=lambda path: path.relative_to(REPO_ROOT).as_posix())
+def test_every_helpers_module_says_which_lesson_introduces_it(path):
+    if path.name == "__init__.py" and path.parent.name == "helpers":
+        pytest.skip("the package's own docstring: what importing it does")
+    docstring = ast.get_docstring(ast.parse(path.read_text())) or ""
+    assert LESSON.search(" ".join(docstring.split())), (
+        f"{path.name}'s docstring names no lesson: {docstring[:80]!r}")

@@ -1,4 +1,4 @@
-"""Friendly automatic checks for the practice notebooks in notebooks/practice/.
+"""Friendly automatic checks for the practice notebooks of lessons 01 to 05.
 
 One module per lesson, named for the lesson it checks: ``check_gradient_checkpointing``
 (01), ``check_trainer_and_accelerator`` (02), ``check_local_sgd`` (03), ``check_adamw``

@@ -1,5 +1,6 @@
-"""TEMPORARY: the old name of ``check_mixed_precision``, which practice 5's notebooks
-still import. Lesson 5 is being rewritten; remove when it lands."""
+"""TEMPORARY: the old name of ``check_mixed_precision`` (lesson 05's practice checks),
+which practice 5's notebooks still import. Lesson 5 is being rewritten; remove when it
+lands."""
 from helpers.practice.check_mixed_precision import (  # noqa: F401
     SmallNet,
     check_autocast_prediction,
