@@ -68,11 +68,13 @@ def validate_local_sgd_steps(local_sgd_steps):
 
 
 def train_loop(accelerator, model, optimizer, lr_scheduler, batches, local_sgd_steps):
-    """Lesson 2's Accelerate loop (no checkpointing), plus the lines marked NEW.
+    """Lesson 2's Accelerate loop, plus the lines marked NEW; the caller prepares.
 
-    ``local_sgd_steps=None`` is DDP: the LocalSGD block is then switched off.
+    Renamed: lesson 2's ``dataloader`` (over epochs) is ``batches`` (one pass), its
+    ``CONFIG["max_grad_norm"]`` is ``MAX_GRAD_NORM``. ``local_sgd_steps=None`` is DDP:
+    the LocalSGD block is then switched off.
     """
-    from accelerate.local_sgd import LocalSGD
+    from accelerate.local_sgd import LocalSGD  # NEW
 
     model.train()
     with LocalSGD(accelerator=accelerator, model=model,  # NEW
@@ -137,8 +139,8 @@ def train_one_run(accelerator, config, tokenized, tokenizer):
     from transformers import get_linear_schedule_with_warmup
 
     from helpers.data import make_dataloader
+    from helpers.metrics import evaluate
     from helpers.models import build_model
-    from helpers.training import evaluate
 
     accelerator.gradient_accumulation_steps = config.gradient_accumulation_steps
     model = build_model("tiny", seed=config.seed)
