@@ -14,7 +14,7 @@ LAB_ARGS ?=
 TORCH_INDEX ?=
 TORCH_INDEX_TIMEOUT ?= 20
 
-.PHONY: install lab test test-other-cpu test-gpu execute bench run-twice reference data slides handout clean torch-from-index
+.PHONY: install lab lint test test-other-cpu test-gpu execute bench run-twice reference data slides handout clean torch-from-index
 
 install: $(INSTALLED) $(if $(TORCH_INDEX),torch-from-index)
 
@@ -50,6 +50,10 @@ lab: $(INSTALLED)
 # cells in order) stays on one worker. TEST_WORKERS=0 runs everything in this one process.
 TEST_WORKERS ?= 2
 PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
+# ruff over helpers/, tools/, tests/, data/ and the notebooks' code cells (pyproject.toml).
+lint: $(INSTALLED)
+	$(VENV)/bin/ruff check .
 
 test: $(INSTALLED)
 	CUDA_VISIBLE_DEVICES= $(PY) -m pytest $(NBVAL) $(PARALLEL) --durations=15 tests notebooks

@@ -1,18 +1,22 @@
-"""Set up each pytest-xdist worker before any test or notebook runs, for `make test` and `make test-other-cpu`.
+"""Set up each pytest-xdist worker before any test or notebook runs, for `make test` and
+`make test-other-cpu`.
 
-It lives at the repository root, not in tests/, because pytest loads a conftest.py only for the folders it
-collects from: `make test-other-cpu` collects notebooks/ alone, and its notebook kernels must get the same
-settings (without them, two kernels of two threads each on two cores spin-waited for each other, and that
-target took 13 minutes instead of 3).
+It lives at the repository root, not in tests/, because pytest loads a conftest.py only
+for the folders it collects from: `make test-other-cpu` collects notebooks/ alone, and
+its notebook kernels must get the same settings (without them, two kernels of two
+threads each on two cores spin-waited for each other, and that target took 13 minutes
+instead of 3).
 """
 import os
 
-# `make test` runs on two workers (pytest-xdist). Each gives the processes it launches a port of its
-# own (helpers.launcher.default_port reads MASTER_PORT; notebook kernels inherit it), so two launches
-# at the same moment cannot both take 29500. And each worker's notebooks compute on one thread: two
-# workers of two threads each on two cores would make the time ratios the lessons check depend on
-# what the other worker happens to run (`make bench` runs each notebook alone, on every thread).
-_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", ... in a worker; unset otherwise
+# `make test` runs on two workers (pytest-xdist). Each gives the processes it launches a
+# port of its own (helpers.launcher.default_port reads MASTER_PORT; notebook kernels
+# inherit it), so two launches at the same moment cannot both take 29500. And each
+# worker's notebooks compute on one thread: two workers of two threads each on two cores
+# would make the time ratios the lessons check depend on what the other worker happens
+# to run (`make bench` runs each notebook alone, on every thread).
+# "gw0", "gw1", ... in a worker; unset otherwise
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 if _WORKER.startswith("gw"):
     os.environ["MASTER_PORT"] = str(29500 + 100 * int(_WORKER[2:]))
     os.environ.setdefault("OMP_NUM_THREADS", "1")

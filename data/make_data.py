@@ -1,4 +1,5 @@
-"""Make every file in data/: the paraphrase data set, its tokenizer, the model configurations.
+"""Make every file in data/: the paraphrase data set, its tokenizer, the model
+configurations.
 
 Run from the repository root:  python data/make_data.py
 The output is deterministic: running it again rewrites the same bytes.
@@ -15,26 +16,27 @@ TOKENIZER_VOCAB_SIZE = 1000
 
 # The words a sentence is built from. Each verb has synonyms so that a paraphrase
 # can say the same thing with other words.
-NAMES = ["Alice", "Bruno", "Chen", "Dara", "Elena", "Farid", "Grace", "Hugo", "Ines", "Jonas",
-         "Kemal", "Lena", "Marta", "Nikhil", "Olga", "Pavel", "Quinn", "Rosa", "Samir", "Tara",
-         "Umar", "Vera", "Wei", "Yara"]
-VERBS = [("bought", ["purchased", "picked up"]), ("sold", ["got rid of", "traded away"]),
-         ("repaired", ["fixed", "mended"]), ("painted", ["coloured", "decorated"]),
-         ("ordered", ["requested", "booked"]), ("found", ["discovered", "came across"]),
-         ("lost", ["misplaced", "mislaid"]), ("delivered", ["dropped off", "brought over"])]
-THINGS = ["bicycles", "lamps", "chairs", "tables", "boxes", "books", "kettles", "clocks",
-          "radios", "guitars", "maps", "tents", "jackets", "mirrors", "baskets", "drums"]
-PLACES = ["Lisbon", "Oslo", "Cairo", "Lima", "Delhi", "Quito", "Seoul", "Dakar", "Porto",
-          "Hanoi", "Tunis", "Bergen", "Kyoto", "Accra", "Riga", "Perth"]
-COUNTS = ["two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "twelve"]
+NAMES = ["Alice", "Bruno", "Chen", "Dara", "Elena", "Farid", "Grace", "Hugo", "Ines",
+         "Jonas", "Kemal", "Lena", "Marta", "Nikhil", "Olga", "Pavel", "Quinn", "Rosa",
+         "Samir", "Tara", "Umar", "Vera", "Wei", "Yara"]
+VERBS = [("bought", ["purchased", "picked up"]),
+         ("sold", ["got rid of", "traded away"]), ("repaired", ["fixed", "mended"]),
+         ("painted", ["coloured", "decorated"]), ("ordered", ["requested", "booked"]),
+         ("found", ["discovered", "came across"]), ("lost", ["misplaced", "mislaid"]),
+         ("delivered", ["dropped off", "brought over"])]
+THINGS = ["bicycles", "lamps", "chairs", "tables", "boxes", "books", "kettles",
+          "clocks", "radios", "guitars", "maps", "tents", "jackets", "mirrors",
+          "baskets", "drums"]
+PLACES = ["Lisbon", "Oslo", "Cairo", "Lima", "Delhi", "Quito", "Seoul", "Dakar",
+          "Porto", "Hanoi", "Tunis", "Bergen", "Kyoto", "Accra", "Riga", "Perth"]
+COUNTS = ["two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+          "twelve"]
 
 # How a first sentence says it, and the ways a second sentence can say it again.
 FIRST_TEMPLATE = "{name} {verb} {count} {thing} in {place}."
-PARAPHRASE_TEMPLATES = [
-    "In {place}, {name} {verb} {count} {thing}.",
-    "{count} {thing} were {verb} by {name} in {place}.",
-    "It was in {place} that {name} {verb} {count} {thing}.",
-]
+PARAPHRASE_TEMPLATES = ["In {place}, {name} {verb} {count} {thing}.",
+                        "{count} {thing} were {verb} by {name} in {place}.",
+                        "It was in {place} that {name} {verb} {count} {thing}."]
 
 
 def random_facts(rng):
@@ -75,11 +77,13 @@ def make_pair(rng, label, negative_kind):
             other = random_facts(rng)
     else:
         other = change_one_detail(facts, rng)
-    return {"sentence1": first_sentence(facts), "sentence2": paraphrase(other, rng), "label": label}
+    return {"sentence1": first_sentence(facts), "sentence2": paraphrase(other, rng),
+            "label": label}
 
 
 def make_split(rng, size, start_idx):
-    """Half paraphrases; of the negatives, three in four unrelated, one in four with one detail changed."""
+    """Half paraphrases; of the negatives, three in four unrelated, one in four with one
+    detail changed."""
     labels = [1] * (size // 2) + [0] * (size - size // 2)
     rng.shuffle(labels)
     rows, negatives = [], 0
@@ -108,62 +112,98 @@ def write_splits(out_dir):
 
 def train_tokenizer(paraphrase_dir, out_dir):
     """A cased WordPiece tokenizer, BERT-style, trained on the train split only."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
     from transformers import PreTrainedTokenizerFast
 
-    rows = [json.loads(line) for line in open(paraphrase_dir / "train.jsonl", encoding="utf-8")]
+    rows = [json.loads(line)
+            for line in open(paraphrase_dir / "train.jsonl", encoding="utf-8")]
     texts = [row[key] for row in rows for key in ("sentence1", "sentence2")]
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=False)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.decoder = decoders.WordPiece()
-    trainer = trainers.WordPieceTrainer(vocab_size=TOKENIZER_VOCAB_SIZE, special_tokens=specials,
-                                        show_progress=False)
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=TOKENIZER_VOCAB_SIZE, special_tokens=specials, show_progress=False
+    )
     tokenizer.train_from_iterator(texts, trainer=trainer)
     # The trainer breaks ties between equally frequent merges in hash order, so the
-    # intermediate word pieces (and all ids) change from run to run. Keep what is stable,
-    # the characters and the whole words it learned, in a fixed order.
+    # intermediate word pieces (and all ids) change from run to run. Keep what is
+    # stable, the characters and the whole words it learned, in a fixed order.
     learned = tokenizer.get_vocab()
-    words = {word for text in texts for word, _ in tokenizer.pre_tokenizer.pre_tokenize_str(text)}
+    words = {word for text in texts
+             for word, _ in tokenizer.pre_tokenizer.pre_tokenize_str(text)}
     missing = sorted(words - learned.keys())
     if missing:
-        raise RuntimeError(f"raise TOKENIZER_VOCAB_SIZE: these words got no token of their own: {missing}")
+        raise RuntimeError("raise TOKENIZER_VOCAB_SIZE: these words got no token of "
+                           f"their own: {missing}")
     pieces = [t for t in learned if len(t) == 1 or (t.startswith("##") and len(t) == 3)]
     vocab = specials + sorted(set(pieces) - set(specials)) + sorted(words - set(pieces))
-    tokenizer.model = models.WordPiece(vocab={t: i for i, t in enumerate(vocab)}, unk_token="[UNK]")
+    tokenizer.model = models.WordPiece(
+        vocab={t: i for i, t in enumerate(vocab)}, unk_token="[UNK]"
+    )
     cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
     tokenizer.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
         special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)])
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]",
-        cls_token="[CLS]", mask_token="[MASK]", model_max_length=128,
-        model_input_names=["input_ids", "attention_mask"])  # DistilBERT takes no token_type_ids
+        tokenizer_object=tokenizer,
+        unk_token="[UNK]",
+        sep_token="[SEP]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        mask_token="[MASK]",
+        model_max_length=128,
+        # DistilBERT takes no token_type_ids
+        model_input_names=["input_ids", "attention_mask"],
+    )
     tokenizer_dir = out_dir / "tokenizer"
     fast.save_pretrained(tokenizer_dir)
     return fast
 
 
 def write_model_configs(out_dir, vocab_size):
-    """The real distilbert-base-cased architecture, and a tiny one with the same code path."""
-    common = {"model_type": "distilbert", "architectures": ["DistilBertForSequenceClassification"],
-              "activation": "gelu", "dropout": 0.1, "attention_dropout": 0.1, "qa_dropout": 0.1,
-              "seq_classif_dropout": 0.2, "initializer_range": 0.02, "pad_token_id": 0,
-              "sinusoidal_pos_embds": False, "tie_weights_": True}
+    """The real distilbert-base-cased architecture, and a tiny one with the same code
+    path."""
+    common = {"model_type": "distilbert",
+              "architectures": ["DistilBertForSequenceClassification"],
+              "activation": "gelu", "dropout": 0.1, "attention_dropout": 0.1,
+              "qa_dropout": 0.1, "seq_classif_dropout": 0.2, "initializer_range": 0.02,
+              "pad_token_id": 0, "sinusoidal_pos_embds": False, "tie_weights_": True}
     configs = {
-        "distilbert-base-cased": {**common, "vocab_size": 28996, "dim": 768, "n_layers": 6,
-                                  "n_heads": 12, "hidden_dim": 3072, "max_position_embeddings": 512},
-        "distilbert-tiny": {**common, "vocab_size": vocab_size, "dim": 64, "n_layers": 2,
-                            "n_heads": 4, "hidden_dim": 256, "max_position_embeddings": 128,
-                            "dropout": 0.0, "attention_dropout": 0.0, "seq_classif_dropout": 0.0,
-                            # a wider initialisation lets this model, trained from scratch, learn in seconds
-                            "initializer_range": 0.1},
+        "distilbert-base-cased": {**common, "vocab_size": 28996, "dim": 768,
+                                  "n_layers": 6, "n_heads": 12, "hidden_dim": 3072,
+                                  "max_position_embeddings": 512},
+        "distilbert-tiny": {
+            **common,
+            "vocab_size": vocab_size,
+            "dim": 64,
+            "n_layers": 2,
+            "n_heads": 4,
+            "hidden_dim": 256,
+            "max_position_embeddings": 128,
+            "dropout": 0.0,
+            "attention_dropout": 0.0,
+            "seq_classif_dropout": 0.0,
+            # a wider initialisation lets this model, trained from
+            # scratch, learn in seconds
+            "initializer_range": 0.1,
+        },
     }
     for name, config in configs.items():
         folder = out_dir / "models" / name
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        (folder / "config.json").write_text(
+            json.dumps(config, indent=2, sort_keys=True) + "\n"
+        )
 
 
 def main(out_dir=DATA_DIR):
@@ -176,5 +216,6 @@ def main(out_dir=DATA_DIR):
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=DATA_DIR, help="folder to write into (default: data/)")
+    parser.add_argument("--out", default=DATA_DIR, help="folder to write into "
+                                                        "(default: data/)")
     main(parser.parse_args().out)

@@ -1,4 +1,5 @@
-"""The paraphrase data set and its tokenizer, loaded from data/ (introduced in 00_start_here)."""
+"""The paraphrase data set and its tokenizer, loaded from data/ (introduced in
+00_start_here)."""
 import contextlib
 
 import torch
@@ -13,13 +14,15 @@ SPLITS = ("train", "validation", "test")
 def _require(path):
     if not path.exists():
         relative = path.relative_to(REPO_ROOT)
-        raise FileNotFoundError(f"{relative} is missing; regenerate the course data with: {REGENERATE_COMMAND}")
+        raise FileNotFoundError(f"{relative} is missing; regenerate the course data "
+                                f"with: {REGENERATE_COMMAND}")
     return path
 
 
 @contextlib.contextmanager
 def _quiet_datasets():
-    """Hide datasets' progress bars (they change from run to run), then restore the setting."""
+    """Hide datasets' progress bars (they change from run to run), then restore the
+    setting."""
     from datasets.utils import logging as datasets_logging
 
     was_enabled = datasets_logging.is_progress_bar_enabled()
@@ -32,10 +35,13 @@ def _quiet_datasets():
 
 
 def load_paraphrase_dataset():
-    """The MRPC-shaped paraphrase data (sentence1, sentence2, label) as a DatasetDict."""
+    """The MRPC-shaped paraphrase data (sentence1, sentence2, label) as a
+    DatasetDict."""
     from datasets import load_dataset
 
-    files = {split: str(_require(PARAPHRASE_DIR / f"{split}.jsonl")) for split in SPLITS}
+    files = {
+        split: str(_require(PARAPHRASE_DIR / f"{split}.jsonl")) for split in SPLITS
+    }
     with _quiet_datasets():
         return load_dataset("json", data_files=files)
 
@@ -51,13 +57,16 @@ def load_tokenizer():
 def tokenize_dataset(dataset, tokenizer, max_length=64):
     """Tokenize sentence pairs; keep only input_ids, attention_mask and labels."""
     def encode(batch):
-        return tokenizer(batch["sentence1"], batch["sentence2"], truncation=True, max_length=max_length)
+        return tokenizer(batch["sentence1"], batch["sentence2"], truncation=True,
+                         max_length=max_length)
 
     with _quiet_datasets():
         encoded = dataset.map(encode, batched=True)
         encoded = encoded.rename_column("label", "labels")
         keep = {"input_ids", "attention_mask", "labels"}
-        return encoded.remove_columns([c for c in encoded["train"].column_names if c not in keep])
+        return encoded.remove_columns(
+            [c for c in encoded["train"].column_names if c not in keep]
+        )
 
 
 def load_tokenized(max_length=64):
@@ -67,7 +76,8 @@ def load_tokenized(max_length=64):
 
 
 def make_dataloader(split, tokenizer, batch_size=32, shuffle=False, seed=0):
-    """A DataLoader over one tokenized split, padding each batch; ``seed`` fixes the order."""
+    """A DataLoader over one tokenized split, padding each batch; ``seed`` fixes the
+    order."""
     from transformers import DataCollatorWithPadding
 
     if batch_size < 1:

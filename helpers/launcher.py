@@ -1,24 +1,27 @@
-"""Start worker processes from a notebook, safely (introduced in lesson 03, used by its practice checks).
+"""Start worker processes from a notebook, safely (introduced in lesson 03, used by its
+practice checks).
 
 ``run_in_processes(worker, args)`` forks ``num_processes`` processes with Accelerate's
-``notebook_launcher`` and, in each, runs ``worker(accelerator, *args)`` with an Accelerator made
-for it; it returns what the worker returned on process 0. A worker only trains and returns its
-results: this module owns the rest of the protocol.
+``notebook_launcher`` and, in each, runs ``worker(accelerator, *args)`` with an
+Accelerator made for it; it returns what the worker returned on process 0. A worker only
+trains and returns its results: this module owns the rest of the protocol.
 
 - One thread per process (they share the machine's cores).
-- The processes meet on ``port``: by default ``$MASTER_PORT``, the variable PyTorch's launchers read,
-  else 29500; if that port is taken, a free one.
-- ``Accelerator(cpu=True)`` when there is no GPU: without it each process would run alone.
-  Accelerate's "Launching training on 2 CPUs." then names that device, whatever the torch build.
-  A collective that waits longer than ``COLLECTIVE_TIMEOUT_S`` fails instead of hanging.
-- A worker that raises writes its own traceback before its peers lose their connection to it,
-  and ``WorkerFailedError`` shows that root cause in the notebook.
-- Workers still running after ``timeout_s`` are stopped by a watchdog; ``WorkerTimeoutError``
-  shows where each one was waiting.
-- Fork hygiene: what a forked process inherits from the notebook's process must not block it.
-  Objects are frozen across the fork (their destructors would wait for threads that only exist in
-  the parent), tqdm's locks are replaced, and a forked worker does not destroy its gloo process
-  group on the way out (that join can deadlock; the process's exit frees it).
+- The processes meet on ``port``: by default ``$MASTER_PORT``, the variable PyTorch's
+  launchers read, else 29500; if that port is taken, a free one.
+- ``Accelerator(cpu=True)`` when there is no GPU: without it each process would run
+  alone. Accelerate's "Launching training on 2 CPUs." then names that device, whatever
+  the torch build. A collective that waits longer than ``COLLECTIVE_TIMEOUT_S`` fails
+  instead of hanging.
+- A worker that raises writes its own traceback before its peers lose their connection
+  to it, and ``WorkerFailedError`` shows that root cause in the notebook.
+- Workers still running after ``timeout_s`` are stopped by a watchdog;
+  ``WorkerTimeoutError`` shows where each one was waiting.
+- Fork hygiene: what a forked process inherits from the notebook's process must not
+  block it. Objects are frozen across the fork (their destructors would wait for threads
+  that only exist in the parent), tqdm's locks are replaced, and a forked worker does
+  not destroy its gloo process group on the way out (that join can deadlock; the
+  process's exit frees it).
 """
 import contextlib
 import faulthandler
@@ -39,108 +42,145 @@ from unittest import mock
 
 import torch
 
-LAUNCH_TIMEOUT_S = 300  # far above what any launch of the course takes, so that only a hang reaches it
+# far above what any launch of the course takes, so that only a hang reaches it
+LAUNCH_TIMEOUT_S = 300
 COLLECTIVE_TIMEOUT_S = 60  # no single collective of the course takes more than a second
-FORKED_WORKER_ENV = "COURSE_FORKED_WORKER"  # set in the processes that run_in_processes forks
+# set in the processes that run_in_processes forks
+FORKED_WORKER_ENV = "COURSE_FORKED_WORKER"
 
 
-def run_in_processes(worker, worker_args=(), num_processes=2, port=None, timeout_s=LAUNCH_TIMEOUT_S,
-                     preload=True):
-    """Run ``worker(accelerator, *worker_args)`` in ``num_processes`` forked processes; return process 0's result.
+def run_in_processes(worker, worker_args=(), num_processes=2, port=None,
+                     timeout_s=LAUNCH_TIMEOUT_S, preload=True):
+    """Run ``worker(accelerator, *worker_args)`` in ``num_processes`` forked processes;
+    return process 0's result.
 
-    The result must be JSON-serialisable (it travels through a file). A worker that raises is
-    raised here as a ``WorkerFailedError``; workers still running after ``timeout_s`` seconds are
-    stopped, and a ``WorkerTimeoutError`` says where each one was. ``preload=False`` skips importing
-    DistilBERT's and the data's code before the fork, for workers that use neither.
+    The result must be JSON-serialisable (it travels through a file). A worker that
+    raises is raised here as a ``WorkerFailedError``; workers still running after
+    ``timeout_s`` seconds are stopped, and a ``WorkerTimeoutError`` says where each one
+    was. ``preload=False`` skips importing DistilBERT's and the data's code before the
+    fork, for workers that use neither.
     """
     from accelerate import notebook_launcher
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
+    from torch.distributed.elastic.multiprocessing.errors import (
+        ChildFailedError,
+        record,
+    )
 
-    from helpers.models import preload_training_modules
-
-    if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 2:
-        raise ValueError(f"run_in_processes starts at least 2 processes, got num_processes={num_processes!r}; "
-                         "to run a worker alone, call it with an Accelerator of your own")
+    if (isinstance(num_processes, bool) or not isinstance(num_processes, int)
+        or num_processes < 2):
+        raise ValueError("run_in_processes starts at least 2 processes, got "
+                         f"num_processes={num_processes!r}; to run a worker alone, "
+                         "call it with an Accelerator of your own")
     if not timeout_s or timeout_s <= 0:
-        raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        raise ValueError("timeout_s must be a positive number of seconds, "
+                         f"got {timeout_s!r}")
     require_loopback()
     reset_accelerate_state()
     if preload:
-        preload_training_modules()  # once, before the fork: the workers share it instead of each importing it
+        # once, before the fork: the workers share it instead of each importing it
+        _preload_training_modules()
     if port is None:
         port = default_port()
     if port_is_busy(port):
         port = free_port()
     with tempfile.TemporaryDirectory() as folder:
         results_path = Path(folder) / "results.json"
-        # Objects left over from an earlier launch (a failed one leaves its rendezvous store in a
-        # reference cycle) must be freed here, not in a worker (see _frozen_at_fork).
+        # Objects left over from an earlier launch (a failed one leaves its rendezvous
+        # store in a reference cycle) must be freed here, not in a worker (see
+        # _frozen_at_fork).
         gc.collect()
         failure = None
         watchdog = Watchdog(timeout_s)
         try:
-            with _one_thread_per_process(), _quiet_launcher_logs(), watchdog, _frozen_at_fork(), \
-                    _bitsandbytes_out_of_sight(), _launched_as_the_workers_run(num_processes):
-                notebook_launcher(record(_forked_worker), args=(worker, tuple(worker_args), str(results_path)),
+            with _one_thread_per_process(), _quiet_launcher_logs(), watchdog, \
+                    _frozen_at_fork(), _bitsandbytes_out_of_sight(), \
+                    _launched_as_the_workers_run(num_processes):
+                notebook_launcher(record(_forked_worker),
+                                  args=(worker, tuple(worker_args), str(results_path)),
                                   num_processes=num_processes, use_port=str(port))
         except ChildFailedError as error:
             if watchdog.fired:
-                failure = WorkerTimeoutError(timeout_s, read_per_process(stack_path, results_path, num_processes))
+                failure = WorkerTimeoutError(
+                    timeout_s, read_per_process(stack_path, results_path, num_processes)
+                )
             else:
-                failure = WorkerFailedError(error, read_per_process(traceback_path, results_path, num_processes))
+                failure = WorkerFailedError(
+                    error, read_per_process(traceback_path, results_path, num_processes)
+                )
         gc.collect()
         if failure is not None:
-            raise failure  # outside the except block: it does not keep the launcher's frames alive
+            # outside the except block: it does not keep the launcher's frames alive
+            raise failure
         return json.loads(results_path.read_text())["result"]
 
 
-def worker_accelerator(**kwargs):
-    """The Accelerator a worker process trains with: one GPU per process when there are enough, else the CPU.
 
-    Without ``cpu=True`` on a machine with no GPU, each process would decide it runs alone. With fewer
-    GPUs than processes, two processes would share a GPU, which NCCL refuses: they use the CPU (gloo).
+def _preload_training_modules():
+    """Import the model's and the data's code now, once (seconds), before the fork:
+    each worker then shares it instead of importing DistilBERT's modeling code, datasets
+    and the tokenizer classes again."""
+    import datasets  # noqa: F401
+    import transformers.models.distilbert.modeling_distilbert  # noqa: F401
+    from transformers import AutoTokenizer, DataCollatorWithPadding  # noqa: F401
+
+def worker_accelerator(**kwargs):
+    """The Accelerator a worker process trains with: one GPU per process when there are
+    enough, else the CPU.
+
+    Without ``cpu=True`` on a machine with no GPU, each process would decide it runs
+    alone. With fewer GPUs than processes, two processes would share a GPU, which NCCL
+    refuses: they use the CPU (gloo).
     """
     from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs
 
     timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
-    processes = int(os.environ.get("WORLD_SIZE", "1"))  # set by notebook_launcher, torchrun, accelerate launch
-    return Accelerator(cpu=not workers_use_gpus(processes), kwargs_handlers=[timeout], **kwargs)
+    # set by notebook_launcher, torchrun, accelerate launch
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    return Accelerator(cpu=not workers_use_gpus(processes), kwargs_handlers=[timeout],
+                       **kwargs)
 
 
 def workers_use_gpus(num_processes):
-    """Whether ``num_processes`` workers get one GPU each: only when there are at least as many GPUs.
+    """Whether ``num_processes`` workers get one GPU each: only when there are at least
+    as many GPUs.
 
-    ``torch.cuda.device_count`` asks NVML and does not initialise CUDA, so a process may still fork after it.
+    ``torch.cuda.device_count`` asks NVML and does not initialise CUDA, so a process may
+    still fork after it.
     """
     return torch.cuda.device_count() >= num_processes
 
 
 @contextlib.contextmanager
 def _launched_as_the_workers_run(num_processes):
-    """Workers that will run on the CPU are launched as a CPU build of torch launches them.
+    """Workers that will run on the CPU are launched as a CPU build of torch launches
+    them.
 
-    Accelerate's notebook_launcher picks the launch and its message ("Launching training on 2 CUDAs.") from
-    the device the torch *build* supports, GPU or not (accelerate/utils/environment.py,
-    get_current_device_type). The package index's torch for Linux is a CUDA build, so on a machine without
-    a GPU it said "2 CUDAs" while ``worker_accelerator`` put both processes on the CPU. Here it is told the
-    truth: ("cpu", "NO"), what a CPU build of torch reports, so both builds launch the same way and say
-    "2 CPUs". With a GPU for each worker, nothing changes.
+    Accelerate's notebook_launcher picks the launch and its message ("Launching training
+    on 2 CUDAs.") from the device the torch *build* supports, GPU or not
+    (accelerate/utils/environment.py, get_current_device_type). The package index's
+    torch for Linux is a CUDA build, so on a machine without a GPU it said "2 CUDAs"
+    while ``worker_accelerator`` put both processes on the CPU. Here it is told the
+    truth: ("cpu", "NO"), what a CPU build of torch reports, so both builds launch the
+    same way and say "2 CPUs". With a GPU for each worker, nothing changes.
     """
     if workers_use_gpus(num_processes):
         yield
         return
     import accelerate.launchers
 
-    with mock.patch.object(accelerate.launchers, "get_current_device_type", lambda: ("cpu", "NO")):
+    with mock.patch.object(accelerate.launchers, "get_current_device_type",
+                           lambda: ("cpu", "NO")):
         yield
 
 
 def _forked_worker(worker, worker_args, results_path):
-    """What each forked process runs: undo what it inherited from the notebook's process, then ``worker``."""
+    """What each forked process runs: undo what it inherited from the notebook's
+    process, then ``worker``."""
     os.environ[FORKED_WORKER_ENV] = "1"
     fresh_progress_bar_locks()
-    # On SIGUSR1 (sent by the watchdog) write where every thread is, for WorkerTimeoutError.
+    # On SIGUSR1 (sent by the watchdog) write where every thread is, for
+    # WorkerTimeoutError.
     stack_file = open(stack_path(results_path, int(os.environ.get("RANK", "0"))), "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     torch.set_num_threads(1)
@@ -150,17 +190,22 @@ def _forked_worker(worker, worker_args, results_path):
         if accelerator.is_main_process:
             Path(results_path).write_text(json.dumps({"result": result}))
     except Exception:
-        # Written before this process closes its connections, so before its peers fail in turn.
-        traceback_path(results_path, accelerator.process_index).write_text(traceback.format_exc())
+        # Written before this process closes its connections, so before its peers fail
+        # in turn.
+        traceback_path(results_path, accelerator.process_index).write_text(
+            traceback.format_exc()
+        )
         raise
-    # Wait for every process, then end without destroying the process group: destroying a gloo group
-    # joins its worker thread while holding the GIL, and that thread may still be freeing a finished
-    # collective's tensors, which needs the GIL (a deadlock seen about once in ten launches).
+    # Wait for every process, then end without destroying the process group: destroying
+    # a gloo group joins its worker thread while holding the GIL, and that thread may
+    # still be freeing a finished collective's tensors, which needs the GIL (a deadlock
+    # seen about once in ten launches).
     accelerator.wait_for_everyone()
 
 
 def reset_accelerate_state():
-    """Forget an Accelerator (or Trainer) made in this kernel: forked workers must not inherit it.
+    """Forget an Accelerator (or Trainer) made in this kernel: forked workers must not
+    inherit it.
 
     Accelerate's notebook_launcher refuses to start while one exists.
     """
@@ -177,22 +222,26 @@ def traceback_path(results_path, rank):
 
 
 def stack_path(results_path, rank):
-    """Where the worker of process ``rank`` writes its threads' stacks when the watchdog stops it."""
+    """Where the worker of process ``rank`` writes its threads' stacks when the watchdog
+    stops it."""
     return Path(results_path).with_name(f"stack-process-{rank}.txt")
 
 
 def read_per_process(path_of, results_path, num_processes):
-    """{rank: text} of the per-process files (tracebacks or stacks) that the workers wrote."""
+    """{rank: text} of the per-process files (tracebacks or stacks) that the workers
+    wrote."""
     paths = {rank: path_of(results_path, rank) for rank in range(num_processes)}
-    return {rank: path.read_text() for rank, path in paths.items() if path.exists() and path.stat().st_size}
+    return {rank: path.read_text() for rank, path in paths.items()
+            if path.exists() and path.stat().st_size}
 
 
 def fresh_progress_bar_locks():
     """Give tqdm (datasets' progress bars) locks of this process only.
 
-    Inherited through fork, tqdm's lock is a semaphore shared with the notebook's process and with the
-    other workers, plus a thread lock copied in whatever state another thread held it: a worker killed
-    while holding it, or a copy taken mid-use, blocks every later progress bar, in every process.
+    Inherited through fork, tqdm's lock is a semaphore shared with the notebook's
+    process and with the other workers, plus a thread lock copied in whatever state
+    another thread held it: a worker killed while holding it, or a copy taken mid-use,
+    blocks every later progress bar, in every process.
     """
     from tqdm import std
 
@@ -206,10 +255,12 @@ def fresh_progress_bar_locks():
 
 
 def default_port():
-    """``$MASTER_PORT`` if set (two test sessions side by side each set their own), else PyTorch's 29500."""
+    """``$MASTER_PORT`` if set (two test sessions side by side each set their own), else
+    PyTorch's 29500."""
     value = os.environ.get("MASTER_PORT", "29500")
     if not value.isdigit() or not 0 < int(value) < 65536:
-        raise ValueError(f"MASTER_PORT must be a TCP port number (1-65535), got {value!r}; "
+        raise ValueError("MASTER_PORT must be a TCP port number (1-65535), "
+                         f"got {value!r}; "
                          "unset it to use 29500, or pass port= to choose one")
     return int(value)
 
@@ -228,7 +279,8 @@ def port_is_busy(port):
 
 
 def require_loopback():
-    """The processes meet on 127.0.0.1: fail now, clearly, rather than wait for a rendezvous that cannot happen."""
+    """The processes meet on 127.0.0.1: fail now, clearly, rather than wait for a
+    rendezvous that cannot happen."""
     try:
         with socket.socket() as server:
             server.bind(("127.0.0.1", 0))
@@ -236,13 +288,16 @@ def require_loopback():
             socket.create_connection(server.getsockname(), timeout=2).close()
     except OSError as error:
         raise RuntimeError(
-            f"the worker processes talk over the loopback interface (127.0.0.1), which does not answer here "
-            f"({error}). In a network namespace made with `unshare -n`, bring it up first: ip link set lo up") from None
+            "the worker processes talk over the loopback interface (127.0.0.1), "
+            "which does not answer here "
+            f"({error}). In a network namespace made with `unshare -n`, bring it up "
+            "first: ip link set lo up") from None
 
 
 @contextlib.contextmanager
 def _one_thread_per_process():
-    """OMP_NUM_THREADS=1 for the workers, unless set (Accelerate would otherwise set it, with a warning)."""
+    """OMP_NUM_THREADS=1 for the workers, unless set (Accelerate would otherwise set it,
+    with a warning)."""
     from accelerate.utils import patch_environment
 
     with patch_environment(omp_num_threads=os.environ.get("OMP_NUM_THREADS", "1")):
@@ -251,8 +306,10 @@ def _one_thread_per_process():
 
 @contextlib.contextmanager
 def _quiet_launcher_logs():
-    """Torch elastic logs a failed worker's traceback with pids and times; we raise it ourselves."""
-    loggers = [logging.getLogger(name) for name in ("torch.distributed.elastic", "torch.multiprocessing")]
+    """Torch elastic logs a failed worker's traceback with pids and times; we raise it
+    ourselves."""
+    loggers = [logging.getLogger(name)
+               for name in ("torch.distributed.elastic", "torch.multiprocessing")]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.setLevel(logging.CRITICAL)
@@ -268,7 +325,8 @@ _freeze_at_fork = False
 
 def _freeze_before_fork():
     if _freeze_at_fork:
-        gc.freeze()  # the child inherits these objects as permanent: its collector never frees them
+        # the child inherits these objects as permanent: its collector never frees them
+        gc.freeze()
 
 
 def _unfreeze_in_parent():
@@ -278,12 +336,14 @@ def _unfreeze_in_parent():
 
 @contextlib.contextmanager
 def _bitsandbytes_out_of_sight():
-    """Let a launch go ahead in a process that imported bitsandbytes (lesson 04), unless CUDA is initialized.
+    """Let a launch go ahead in a process that imported bitsandbytes (lesson 04), unless
+    CUDA is initialized.
 
-    Accelerate's notebook_launcher refuses to fork once ``bitsandbytes`` is in ``sys.modules``
-    (accelerate/launchers.py:176-185), because on a GPU its import can initialize CUDA, which a
-    forked process cannot use. What matters is CUDA itself: when it is not initialized, the fork is
-    safe, and the module is hidden from that check only, for the length of the launch.
+    Accelerate's notebook_launcher refuses to fork once ``bitsandbytes`` is in
+    ``sys.modules`` (accelerate/launchers.py:176-185), because on a GPU its import can
+    initialize CUDA, which a forked process cannot use. What matters is CUDA itself:
+    when it is not initialized, the fork is safe, and the module is hidden from that
+    check only, for the length of the launch.
     """
     hidden = {}
     if not torch.cuda.is_initialized():
@@ -297,15 +357,19 @@ def _bitsandbytes_out_of_sight():
 
 @contextlib.contextmanager
 def _frozen_at_fork():
-    """While active, a worker's garbage collector never frees objects it inherited from this process.
+    """While active, a worker's garbage collector never frees objects it inherited from
+    this process.
 
-    The launcher makes objects (its rendezvous store among them) between our gc.collect() and the
-    fork; freed in a worker, a store's destructor waits for a thread that only exists here, and the
-    worker hangs in its own rendezvous. gc.freeze() before the fork is what Python's gc docs advise.
+    The launcher makes objects (its rendezvous store among them) between our
+    gc.collect() and the fork; freed in a worker, a store's destructor waits for a
+    thread that only exists here, and the worker hangs in its own rendezvous.
+    gc.freeze() before the fork is what Python's gc docs advise.
     """
     global _freeze_at_fork
     if not getattr(_frozen_at_fork, "registered", False):
-        os.register_at_fork(before=_freeze_before_fork, after_in_parent=_unfreeze_in_parent)
+        os.register_at_fork(
+            before=_freeze_before_fork, after_in_parent=_unfreeze_in_parent
+        )
         _frozen_at_fork.registered = True
     _freeze_at_fork = True
     try:
@@ -315,7 +379,8 @@ def _frozen_at_fork():
 
 
 class Watchdog:
-    """Stops the worker processes forked while it is active, if they run longer than ``timeout_s``."""
+    """Stops the worker processes forked while it is active, if they run longer than
+    ``timeout_s``."""
 
     def __init__(self, timeout_s):
         import psutil
@@ -326,7 +391,8 @@ class Watchdog:
         self.timer.daemon = True
 
     def __enter__(self):
-        self.before = {p.pid for p in self.me.children()}  # e.g. a notebook's other processes: not ours
+        # e.g. a notebook's other processes: not ours
+        self.before = {p.pid for p in self.me.children()}
         self.timer.start()
         return self
 
@@ -334,7 +400,8 @@ class Watchdog:
         self.timer.cancel()
 
     def stop_workers(self):
-        """Ask each worker for its threads' stacks (see _forked_worker), then kill it."""
+        """Ask each worker for its threads' stacks (see _forked_worker), then kill
+        it."""
         import psutil
 
         workers = [p for p in self.me.children() if p.pid not in self.before]
@@ -349,17 +416,23 @@ class Watchdog:
 
 
 class WorkerTimeoutError(RuntimeError):
-    """The worker processes ran past the time limit and were stopped; the message says where they were."""
+    """The worker processes ran past the time limit and were stopped; the message says
+    where they were."""
 
     def __init__(self, timeout_s, stacks):
-        where = "\n".join(f"process {rank}:\n{text.strip()}" for rank, text in sorted(stacks.items()))
-        super().__init__(f"the worker processes were still running after {timeout_s} s and were stopped. "
-                         f"A process waiting for a collective that another never joins looks like this.\n{where}")
+        where = "\n".join(
+            f"process {rank}:\n{text.strip()}" for rank, text in sorted(stacks.items())
+        )
+        super().__init__(f"the worker processes were still running after {timeout_s} "
+                         "s and were stopped. "
+                         "A process waiting for a collective that another never "
+                         f"joins looks like this.\n{where}")
         self.stacks = stacks
 
 
 def is_peer_failure(traceback_text):
-    """Whether a worker failed only because a peer process vanished (gloo's 'closed/reset by peer')."""
+    """Whether a worker failed only because a peer process vanished (gloo's
+    'closed/reset by peer')."""
     return "by peer" in traceback_text or "gloo/transport" in traceback_text
 
 
@@ -367,13 +440,17 @@ class WorkerFailedError(RuntimeError):
     """A worker process raised: its traceback, as the worker wrote it."""
 
     def __init__(self, child_failed_error, tracebacks):
-        for rank, failure in child_failed_error.failures.items():  # as the launcher recorded them
+        # as the launcher recorded them
+        for rank, failure in child_failed_error.failures.items():
             message = failure.message
             if isinstance(message, dict):
-                message = message.get("extraInfo", {}).get("py_callstack") or message.get("message", "")
+                message = message.get("extraInfo", {}).get(
+                    "py_callstack"
+                ) or message.get("message", "")
             tracebacks.setdefault(rank, str(message))
-        # A worker whose peer vanished fails too, inside gloo ("Connection closed by peer",
-        # "Read error ... reset by peer"): report the worker that failed for its own reason.
+        # A worker whose peer vanished fails too, inside gloo ("Connection closed by
+        # peer", "Read error ... reset by peer"): report the worker that failed for its
+        # own reason.
         rank = min(tracebacks, key=lambda r: (is_peer_failure(tracebacks[r]), r))
         super().__init__(f"worker process {rank} failed:\n{tracebacks[rank]}")
         self.worker_traceback = tracebacks[rank]

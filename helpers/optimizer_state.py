@@ -1,21 +1,27 @@
-"""What an optimizer keeps between steps, weighed (introduced in lesson 04, used again by its practice checks)."""
+"""What an optimizer keeps between steps, weighed (introduced in lesson 04, used again
+by its practice checks)."""
 import torch
 
 
 def stored_tensors(tensor):
-    """The plain tensors that hold ``tensor``'s bytes: itself, or the inner tensors of a tensor subclass.
+    """The plain tensors that hold ``tensor``'s bytes: itself, or the inner tensors of a
+    tensor subclass.
 
-    Quantized states in some libraries are tensor subclasses whose element size describes the logical
-    values, not the bytes stored; their inner tensors hold the real bytes.
+    Quantized states in some libraries are tensor subclasses whose element size
+    describes the logical values, not the bytes stored; their inner tensors hold the
+    real bytes.
     """
-    if hasattr(tensor, "__tensor_flatten__") and type(tensor) is not torch.Tensor:  # a subclass: unpack it
+    # a subclass: unpack it
+    if hasattr(tensor, "__tensor_flatten__") and type(tensor) is not torch.Tensor:
         inner_names, _ = tensor.__tensor_flatten__()
-        return [inner for name in inner_names for inner in stored_tensors(getattr(tensor, name))]
+        return [inner for name in inner_names
+                for inner in stored_tensors(getattr(tensor, name))]
     return [tensor]
 
 
 def memory_key(tensor):
-    """One key per block of memory, its device and address: a tensor and its views share one."""
+    """One key per block of memory, its device and address: a tensor and its views share
+    one."""
     return tensor.device, tensor.untyped_storage().data_ptr()
 
 

@@ -1,4 +1,5 @@
-"""Where the course's files are, and how to remake them (introduced in 00_start_here)."""
+"""Where the course's files are, and how to remake them (introduced in
+00_start_here)."""
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -1,7 +1,9 @@
-"""The course's figures, one function each (from lesson 01 on). Each takes data and returns a matplotlib Figure.
+"""The course's figures, one function each (from lesson 01 on). Each takes data and
+returns a matplotlib Figure.
 
 No function here saves a file or changes global matplotlib settings. Each one checks its
-input first, so that a mistake gets a sentence instead of a traceback from inside matplotlib.
+input first, so that a mistake gets a sentence instead of a traceback from inside
+matplotlib.
 """
 import math
 
@@ -20,7 +22,8 @@ STATUS_COLOURS = {  # used by the recompute-graph figure
 
 
 def _require_some(values, name, what):
-    if len(values) == 0:  # len, not truth: a tensor or an array of values has no single truth value
+    # len, not truth: a tensor or an array of values has no single truth value
+    if len(values) == 0:
         raise ValueError(f"{name} is empty: pass at least one {what}")
 
 
@@ -29,13 +32,15 @@ def _require_rows(rows, name, keys):
     for i, row in enumerate(rows):
         missing = [key for key in keys if key not in row]
         if missing:
-            raise ValueError(f"{name}[{i}] lacks {', '.join(map(repr, missing))}; every row needs "
+            raise ValueError(f"{name}[{i}] lacks {', '.join(map(repr, missing))}; "
+                             "every row needs "
                              f"{', '.join(map(repr, keys))}")
 
 
 def _finite_number(value):
     """Whether ``value`` is a finite real number (a bool is not one)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
 
 
 def _require_positive_int(value, name):
@@ -46,23 +51,29 @@ def _require_positive_int(value, name):
 def three_levers_figure(highlight="memory"):
     """Lesson 01 (and 00, 03, 04, 05): the three levers of efficient training.
 
-    ``highlight`` names the lever a lesson pulls; None shows the three alike (lesson 00's map).
+    ``highlight`` names the lever a lesson pulls; None shows the three alike (lesson
+    00's map).
     """
     levers = {
         "memory": ("Memory\nefficiency", "gradient checkpointing,\noptimizer state"),
         "communication": ("Communication\nefficiency", "Local SGD"),
-        "computation": ("Computation\nefficiency", "mixed precision\n(16-bit arithmetic)"),
+        "computation": ("Computation\nefficiency", "mixed precision\n(16-bit "
+                                                   "arithmetic)"),
     }
     if highlight is not None and highlight not in levers:
-        raise ValueError(f"highlight must be one of {', '.join(levers)} or None, not {highlight!r}")
+        raise ValueError(f"highlight must be one of {', '.join(levers)} or None, "
+                         f"not {highlight!r}")
     fig = Figure(figsize=(9, 2.8))
     ax = fig.add_subplot()
     for i, (name, (title, examples)) in enumerate(levers.items()):
         lit = highlight in (None, name)
-        ax.add_patch(FancyBboxPatch((i * 3.2, 0), 2.8, 2, boxstyle="round,pad=0.1",
-                                    facecolor=HIGHLIGHT if lit else MUTED, edgecolor="black",
-                                    alpha=0.9 if lit else 0.5))
-        ax.text(i * 3.2 + 1.4, 1.35, title, ha="center", va="center", fontsize=13, weight="bold")
+        ax.add_patch(
+            FancyBboxPatch((i * 3.2, 0), 2.8, 2, boxstyle="round,pad=0.1",
+                           facecolor=HIGHLIGHT if lit else MUTED, edgecolor="black",
+                           alpha=0.9 if lit else 0.5)
+        )
+        ax.text(i * 3.2 + 1.4, 1.35, title, ha="center", va="center", fontsize=13,
+                weight="bold")
         ax.text(i * 3.2 + 1.4, 0.45, examples, ha="center", va="center", fontsize=10)
     ax.set_xlim(-0.3, 9.5)
     ax.set_ylim(-0.3, 2.3)
@@ -72,7 +83,8 @@ def three_levers_figure(highlight="memory"):
 
 
 # node -> (x, y) for the A + B = C graph
-GRAPH_LAYOUT = {"x": (0, 1), "A": (1.3, 1.8), "B": (1.3, 0.2), "C": (2.6, 1), "loss": (3.9, 1)}
+GRAPH_LAYOUT = {"x": (0, 1), "A": (1.3, 1.8), "B": (1.3, 0.2), "C": (2.6, 1),
+                "loss": (3.9, 1)}
 GRAPH_EDGES = [("x", "A"), ("x", "B"), ("A", "C"), ("B", "C"), ("C", "loss")]
 
 
@@ -80,13 +92,18 @@ def recompute_graph_figure(statuses_by_mode, labels=None, panel_size=(4.2, 3.2))
     """Lesson 01: the x -> A, B -> C -> loss graph, one panel per checkpointing mode.
 
     ``statuses_by_mode`` maps a mode name to {node: status}, status one of
-    'input', 'kept' (held for backward), 'recomputed' (ran again in backward), 'not kept'.
-    ``labels`` optionally maps a node to the text drawn in it. ``panel_size`` is one panel's
-    (width, height) in inches: a wide, low panel sits under a bullet on a slide.
+    'input', 'kept' (held for backward), 'recomputed' (ran again in backward), 'not
+    kept'. ``labels`` optionally maps a node to the text drawn in it. ``panel_size`` is
+    one panel's (width, height) in inches: a wide, low panel sits under a bullet on a
+    slide.
     """
-    _require_some(statuses_by_mode, "statuses_by_mode", "mode name mapped to {node: status}")
-    if len(panel_size) != 2 or not all(isinstance(v, (int, float)) and v > 0 for v in panel_size):
-        raise ValueError(f"panel_size must be (width, height) in inches, both > 0, got {panel_size!r}")
+    _require_some(statuses_by_mode, "statuses_by_mode", "mode name mapped to {node: "
+                                                        "status}")
+    if len(panel_size) != 2 or not all(
+        isinstance(v, (int, float)) and v > 0 for v in panel_size
+    ):
+        raise ValueError("panel_size must be (width, height) in inches, both > 0, "
+                         f"got {panel_size!r}")
     labels = labels or {}
     for where, nodes in [("labels", labels), *statuses_by_mode.items()]:
         unknown = set(nodes) - set(GRAPH_LAYOUT)
@@ -96,43 +113,58 @@ def recompute_graph_figure(statuses_by_mode, labels=None, panel_size=(4.2, 3.2))
     for mode, statuses in statuses_by_mode.items():
         unknown = {s for s in statuses.values() if s not in STATUS_COLOURS}
         if unknown:
-            raise ValueError(f"{mode}: unknown status {unknown}; use one of {', '.join(STATUS_COLOURS)}")
+            raise ValueError(f"{mode}: unknown status {unknown}; use one of "
+                             f"{', '.join(STATUS_COLOURS)}")
     width, height = panel_size
     fig = Figure(figsize=(width * len(statuses_by_mode), height))
     axes = fig.subplots(1, len(statuses_by_mode), squeeze=False)[0]
     for ax, (mode, statuses) in zip(axes, statuses_by_mode.items()):
         for start, end in GRAPH_EDGES:
             (x0, y0), (x1, y1) = GRAPH_LAYOUT[start], GRAPH_LAYOUT[end]
-            ax.annotate("", xy=(x1, y1), xytext=(x0, y0),
-                        arrowprops=dict(arrowstyle="->", shrinkA=17, shrinkB=17, color="black"))
+            ax.annotate(
+                "",
+                xy=(x1, y1),
+                xytext=(x0, y0),
+                arrowprops=dict(arrowstyle="->", shrinkA=17, shrinkB=17, color="black"),
+            )
         for node, (x, y) in GRAPH_LAYOUT.items():
             status = statuses.get(node, "not kept")
-            ax.scatter([x], [y], s=1300, c=STATUS_COLOURS[status], edgecolors="black", zorder=3)
-            ax.text(x, y, labels.get(node, node), ha="center", va="center", fontsize=11, zorder=4)
+            ax.scatter(
+                [x], [y], s=1300, c=STATUS_COLOURS[status], edgecolors="black", zorder=3
+            )
+            ax.text(x, y, labels.get(node, node), ha="center", va="center", fontsize=11,
+                    zorder=4)
         ax.set_title(mode, fontsize=12)
         ax.set_xlim(-0.5, 4.4)
         ax.set_ylim(-0.4, 2.4)
         ax.axis("off")
-    handles = [axes[0].scatter([], [], s=120, c=colour, edgecolors="black", label=status)
-               for status, colour in STATUS_COLOURS.items()]
+    handles = [
+        axes[0].scatter([], [], s=120, c=colour, edgecolors="black", label=status)
+        for status, colour in STATUS_COLOURS.items()
+    ]
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False)
-    fig.subplots_adjust(bottom=0.18 * 3.2 / height)  # the legend's height, whatever the panel's
+    # the legend's height, whatever the panel's
+    fig.subplots_adjust(bottom=0.18 * 3.2 / height)
     return fig
 
 
 def live_bytes_figure(timelines, gradient_bytes=None):
-    """Lesson 01: the bytes alive over one forward + backward, one line per run (checkpointing off, on).
+    """Lesson 01: the bytes alive over one forward + backward, one line per run
+    (checkpointing off, on).
 
-    ``timelines`` maps a run's name to the bytes alive after each allocation or free of its step, in
-    order (the running sum of a ``MemoryReport``'s events). Runs with more events (checkpointing
-    recomputes) are stretched to the same width: the x axis is the share of the step's events.
-    ``gradient_bytes``, if given, is drawn as a line: what the gradients alone hold at the end.
+    ``timelines`` maps a run's name to the bytes alive after each allocation or free of
+    its step, in order (the running sum of a ``MemoryReport``'s events). Runs with more
+    events (checkpointing recomputes) are stretched to the same width: the x axis is the
+    share of the step's events. ``gradient_bytes``, if given, is drawn as a line: what
+    the gradients alone hold at the end.
     """
-    _require_some(timelines, "timelines", "run name mapped to its bytes alive after each event")
+    _require_some(timelines, "timelines", "run name mapped to its bytes alive "
+                                          "after each event")
     for name, live in timelines.items():
         _require_some(live, f"timelines[{name!r}]", "number of bytes")
         if not all(_finite_number(v) and v >= 0 for v in live):
-            raise ValueError(f"timelines[{name!r}] must hold byte counts >= 0, one per event")
+            raise ValueError(f"timelines[{name!r}] must hold byte counts >= "
+                             "0, one per event")
     fig = Figure(figsize=(8, 3))
     ax = fig.add_subplot()
     for name, live in timelines.items():
@@ -140,8 +172,8 @@ def live_bytes_figure(timelines, gradient_bytes=None):
         ax.plot(shares, [v / MiB for v in live], lw=2, label=name)
     if gradient_bytes is not None:
         ax.axhline(gradient_bytes / MiB, color="black", ls="--", lw=1)
-        ax.annotate("the gradients alone", (0.02, gradient_bytes / MiB), textcoords="offset points",
-                    xytext=(0, 5), fontsize=9)
+        ax.annotate("the gradients alone", (0.02, gradient_bytes / MiB),
+                    textcoords="offset points", xytext=(0, 5), fontsize=9)
     ax.set_xlabel("share of the step (forward, then backward)")
     ax.set_ylabel("bytes alive (MiB)")
     highest = max([max(live) for live in timelines.values()] + [gradient_bytes or 0])
@@ -154,27 +186,32 @@ def live_bytes_figure(timelines, gradient_bytes=None):
 
 
 def accumulation_timeline_figure(micro_batches):
-    """Lesson 02: gradient accumulation, micro-batch by micro-batch, and where the optimizer steps.
+    """Lesson 02: gradient accumulation, micro-batch by micro-batch, and where the
+    optimizer steps.
 
-    ``micro_batches``: one dict per micro-batch, in order, with 'gradient_norm' (the norm of the
-    gradients summed so far, after its backward) and 'optimizer_step' (whether the optimizer stepped
-    after it).
+    ``micro_batches``: one dict per micro-batch, in order, with 'gradient_norm' (the
+    norm of the gradients summed so far, after its backward) and 'optimizer_step'
+    (whether the optimizer stepped after it).
     """
     _require_rows(micro_batches, "micro_batches", ("gradient_norm", "optimizer_step"))
     norms = [row["gradient_norm"] for row in micro_batches]
     if not all(_finite_number(v) and v >= 0 for v in norms):
-        raise ValueError(f"gradient_norm must be a finite number >= 0 in every row, got {norms}")
+        raise ValueError("gradient_norm must be a finite number >= 0 in every "
+                         f"row, got {norms}")
     fig = Figure(figsize=(8, 2.8))
     ax = fig.add_subplot()
     positions = range(1, len(micro_batches) + 1)
     ax.bar(positions, norms, width=0.6, color=MUTED, edgecolor="black",
            label="gradients summed so far (norm)")
     for position, row in zip(positions, micro_batches):
-        ax.text(position, 0, "forward\n+ backward", ha="center", va="bottom", fontsize=8)
+        ax.text(
+            position, 0, "forward\n+ backward", ha="center", va="bottom", fontsize=8
+        )
         if row["optimizer_step"]:
             ax.axvline(position + 0.4, color=HIGHLIGHT, lw=3)
-            ax.annotate("optimizer step,\nthen zero_grad", (position + 0.4, max(norms) * 1.05),
-                        textcoords="offset points", xytext=(-4, 0), ha="right", color=HIGHLIGHT)
+            ax.annotate("optimizer step,\nthen zero_grad",
+                        (position + 0.4, max(norms) * 1.05), textcoords="offset points",
+                        xytext=(-4, 0), ha="right", color=HIGHLIGHT)
     ax.set_xticks(list(positions), [f"micro-batch {p}" for p in positions])
     ax.set_ylabel("gradient norm")
     ax.set_ylim(0, max(norms) * 1.35 or 1)
@@ -186,12 +223,14 @@ def accumulation_timeline_figure(micro_batches):
 def logged_loss_figure(micro_batch_losses, logged=None):
     """Lesson 02: one optimizer step's micro-batch losses, added up against their mean.
 
-    ``micro_batch_losses``: the mean loss of each micro-batch of the step. ``logged`` optionally
-    maps a label to a loss a trainer logged for that step, drawn as a line to compare with.
+    ``micro_batch_losses``: the mean loss of each micro-batch of the step. ``logged``
+    optionally maps a label to a loss a trainer logged for that step, drawn as a line to
+    compare with.
     """
     _require_some(micro_batch_losses, "micro_batch_losses", "micro-batch loss")
     if not all(_finite_number(v) for v in micro_batch_losses):
-        raise ValueError(f"micro_batch_losses must be finite numbers, got {list(micro_batch_losses)}")
+        raise ValueError("micro_batch_losses must be finite numbers, got "
+                         f"{list(micro_batch_losses)}")
     count = len(micro_batch_losses)
     fig = Figure(figsize=(7, 3.6))
     ax = fig.add_subplot()
@@ -270,12 +309,14 @@ def memory_time_tradeoff_figure(rows, reference_blocks=None):
     """Lesson 01: peak activation memory against time overhead, one point per strategy.
 
     ``rows``: list of dicts with 'name', 'peak_activation_mib', 'time_ratio'. With
-    ``reference_blocks`` = n, Chen et al. 2016's sqrt(n) memory at about one extra forward
-    pass (time x 4/3, a forward being about a third of forward + backward) is drawn too.
+    ``reference_blocks`` = n, Chen et al. 2016's sqrt(n) memory at about one extra
+    forward pass (time x 4/3, a forward being about a third of forward + backward) is
+    drawn too.
     """
     _require_rows(rows, "rows", ("name", "peak_activation_mib", "time_ratio"))
     if reference_blocks is not None:
-        _require_positive_int(reference_blocks, "reference_blocks (the number of checkpointable blocks)")
+        _require_positive_int(reference_blocks, "reference_blocks (the number of "
+                                                "checkpointable blocks)")
     fig = Figure(figsize=(6.5, 4))
     ax = fig.add_subplot()
     for row in rows:
@@ -284,11 +325,14 @@ def memory_time_tradeoff_figure(rows, reference_blocks=None):
                     textcoords="offset points", xytext=(6, 6))
     if reference_blocks:
         baseline = max(r["peak_activation_mib"] for r in rows)
-        target = baseline * 2 / math.sqrt(reference_blocks)  # sqrt(n) stored inputs + one segment live
+        # sqrt(n) stored inputs + one segment live
+        target = baseline * 2 / math.sqrt(reference_blocks)
         ax.scatter([4 / 3], [target], marker="*", s=220, c="black", zorder=3)
-        # to the star's left, right-aligned: the measured strategies' labels sit to their right
-        ax.annotate("Chen et al. 2016:\nO(sqrt n) memory,\n~1 extra forward", (4 / 3, target),
-                    textcoords="offset points", xytext=(-12, 0), ha="right", va="center")
+        # to the star's left, right-aligned: the measured strategies' labels sit to
+        # their right
+        ax.annotate("Chen et al. 2016:\nO(sqrt n) memory,\n~1 extra forward",
+                    (4 / 3, target), textcoords="offset points", xytext=(-12, 0),
+                    ha="right", va="center")
     ax.set_xlabel("time per training step, relative to no checkpointing")
     ax.set_ylabel("peak activation memory (MiB)")
     ax.set_ylim(0, max(r["peak_activation_mib"] for r in rows) * 1.15)
@@ -300,14 +344,17 @@ def memory_time_tradeoff_figure(rows, reference_blocks=None):
 def ease_versus_customisability_figure(placements):
     """Lesson 02: the deck's chart of ways to train, by ease of use and customisability.
 
-    ``placements`` maps a way to train to (ease of use, customisability), each "low", "medium" or
-    "high": the deck's judgement, which the figure says it is; nothing here is measured.
+    ``placements`` maps a way to train to (ease of use, customisability), each "low",
+    "medium" or "high": the deck's judgement, which the figure says it is; nothing here
+    is measured.
     """
     levels = {"low": 1, "medium": 2, "high": 3}
-    _require_some(placements, "placements", "way to train mapped to (ease of use, customisability)")
+    _require_some(placements, "placements", "way to train mapped to (ease of use, "
+                                            "customisability)")
     for name, placement in placements.items():
         if len(placement) != 2 or not set(placement) <= set(levels):
-            raise ValueError(f"placements[{name!r}] must be (ease of use, customisability), each "
+            raise ValueError(f"placements[{name!r}] must be (ease of use, "
+                             "customisability), each "
                              f"one of {', '.join(levels)}; got {placement!r}")
     fig = Figure(figsize=(6.5, 3.2))
     ax = fig.add_subplot()
@@ -322,7 +369,9 @@ def ease_versus_customisability_figure(placements):
     ax.set_ylim(0.5, 3.5)
     ax.set_xlabel("customisability")
     ax.set_ylabel("ease of use")
-    ax.set_title("As the slides place them: a judgement, not a measurement", fontsize=10)
+    ax.set_title(
+        "As the slides place them: a judgement, not a measurement", fontsize=10
+    )
     ax.grid(alpha=0.3)
     return fig
 
@@ -331,37 +380,55 @@ def sync_timeline_figure(events_by_run, last_step=24):
     """Lesson 03: one timeline per worker and run; a mark where the worker communicated.
 
     ``events_by_run`` maps a run name to its per-worker event lists, each event
-    a dict with "step", "seconds", "collective" and "bytes", as helpers.collectives logs it.
+    a dict with "step", "seconds", "collective" and "bytes", as helpers.collectives logs
+    it.
     """
-    _require_some(events_by_run, "events_by_run", "run name mapped to its per-worker event lists")
+    _require_some(events_by_run, "events_by_run", "run name mapped to its "
+                                                  "per-worker event lists")
     _require_positive_int(last_step, "last_step")
     for run, events_by_rank in events_by_run.items():
         _require_some(events_by_rank, f"events_by_run[{run!r}]", "worker's event list")
         for rank, events in enumerate(events_by_rank):
-            if events:  # a worker that never communicated has an empty list, and that is fine
-                _require_rows(events, f"events_by_run[{run!r}][{rank}]", ("step", "collective"))
+            # a worker that never communicated has an empty list, and that is fine
+            if events:
+                _require_rows(
+                    events, f"events_by_run[{run!r}][{rank}]", ("step", "collective")
+                )
     fig = Figure(figsize=(9, 1.2 + 1.0 * len(events_by_run)))
     axes = fig.subplots(len(events_by_run), 1, squeeze=False)[:, 0]
     for ax, (run, events_by_rank) in zip(axes, events_by_run.items()):
         for rank, events in enumerate(events_by_rank):
             y = len(events_by_rank) - 1 - rank
-            ax.broken_barh([(s - 0.95, 0.9) for s in range(1, last_step + 1)], (y - 0.15, 0.3),
-                           facecolors="#c6dbef")  # local computation, one block per step
-            synced = sorted({e["step"] for e in events if e["collective"] != "barrier" and e["step"] <= last_step})
-            ax.scatter(synced, [y] * len(synced), marker="|", s=500, c=HIGHLIGHT, zorder=3)
-        ax.set_yticks(range(len(events_by_rank)), [f"worker {r}" for r in reversed(range(len(events_by_rank)))])
+            ax.broken_barh(
+                [(s - 0.95, 0.9) for s in range(1, last_step + 1)],
+                (y - 0.15, 0.3),
+                # local computation, one block per step
+                facecolors="#c6dbef",
+            )
+            synced = sorted(
+                {e["step"] for e in events
+                 if e["collective"] != "barrier" and e["step"] <= last_step}
+            )
+            ax.scatter(
+                synced, [y] * len(synced), marker="|", s=500, c=HIGHLIGHT, zorder=3
+            )
+        ax.set_yticks(range(len(events_by_rank)),
+                      [f"worker {r}" for r in reversed(range(len(events_by_rank)))])
         ax.set_xlim(0, last_step + 0.5)
         ax.set_ylim(-0.6, len(events_by_rank) - 0.4)
-        ax.set_title(f"{run}: orange = synchronization (logged collective)", fontsize=10, loc="left")
+        ax.set_title(f"{run}: orange = synchronization (logged collective)",
+                     fontsize=10, loc="left")
     axes[-1].set_xlabel("optimizer step")
     fig.tight_layout()
     return fig
 
 
 def weight_gap_figure(gaps, local_sgd_steps):
-    """Lesson 03: largest weight difference between workers after each step, syncs marked.
+    """Lesson 03: largest weight difference between workers after each step, syncs
+    marked.
 
-    ``gaps`` is a list of (optimizer step, gap) pairs; every ``local_sgd_steps``-th step is marked.
+    ``gaps`` is a list of (optimizer step, gap) pairs; every ``local_sgd_steps``-th step
+    is marked.
     """
     _require_some(gaps, "gaps", "(step, gap) pair")
     _require_positive_int(local_sgd_steps, "local_sgd_steps")
@@ -379,17 +446,20 @@ def weight_gap_figure(gaps, local_sgd_steps):
 
 
 def communication_sweep_figure(rows, ddp_row):
-    """Lesson 03: what Local SGD sends per optimizer step against its k, DDP as the reference.
+    """Lesson 03: what Local SGD sends per optimizer step against its k, DDP as the
+    reference.
 
-    ``rows``: dicts with 'k', 'mib_per_step' (MiB each process sent) and 'collectives_per_step'
-    (rounds in which every process waits); ``ddp_row`` has the same two measures for DDP.
+    ``rows``: dicts with 'k', 'mib_per_step' (MiB each process sent) and
+    'collectives_per_step' (rounds in which every process waits); ``ddp_row`` has the
+    same two measures for DDP.
     """
     measures = ("mib_per_step", "collectives_per_step")
     _require_rows(rows, "rows", ("k", *measures))
     _require_rows([ddp_row], "ddp_row", measures)
     fig = Figure(figsize=(10, 3.6))
     ks = [r["k"] for r in rows]
-    labels = {"mib_per_step": "MiB sent by process 0, per step", "collectives_per_step": "collectives per step"}
+    labels = {"mib_per_step": "MiB sent by process 0, per step",
+              "collectives_per_step": "collectives per step"}
     for ax, measure in zip(fig.subplots(1, 2), measures):
         ax.plot(ks, [r[measure] for r in rows], marker="o", label="Local SGD")
         ax.axhline(ddp_row[measure], color=MUTED, ls="--", label="DDP (every step)")
@@ -405,61 +475,79 @@ def communication_sweep_figure(rows, ddp_row):
 
 
 def optimizer_tradeoff_figure(rows, state_budget_bytes=GiB):
-    """Lesson 04: optimizers placed by measured state bytes per parameter and by what their state gives up.
+    """Lesson 04: optimizers placed by measured state bytes per parameter and by what
+    their state gives up.
 
-    ``rows``: dicts with 'name', 'bytes_per_parameter' (measured) and 'gives_up': a few words on
-    what the stored state gives up in precision ("nothing: 32-bit moments", "second moment
-    factored", ...). The vertical axis is not a number: each distinct 'gives_up' is one level,
-    the first given at the top. The x axis shows how many parameters fit when the optimizer
-    state may use ``state_budget_bytes``.
+    ``rows``: dicts with 'name', 'bytes_per_parameter' (measured) and 'gives_up': a few
+    words on what the stored state gives up in precision ("nothing: 32-bit moments",
+    "second moment factored", ...). The vertical axis is not a number: each distinct
+    'gives_up' is one level, the first given at the top. The x axis shows how many
+    parameters fit when the optimizer state may use ``state_budget_bytes``.
     """
     _require_rows(rows, "rows", ("name", "bytes_per_parameter", "gives_up"))
     not_positive = [row["name"] for row in rows if not row["bytes_per_parameter"] > 0]
     if not_positive:
-        raise ValueError(f"bytes_per_parameter must be > 0 (a measured size), but is not for {not_positive}")
+        raise ValueError("bytes_per_parameter must be > 0 (a measured size), but is "
+                         f"not for {not_positive}")
     if not state_budget_bytes > 0:
         raise ValueError(f"state_budget_bytes must be > 0, got {state_budget_bytes!r}")
-    levels = list(dict.fromkeys(row["gives_up"] for row in rows))  # in the order given, top first
+    # in the order given, top first
+    levels = list(dict.fromkeys(row["gives_up"] for row in rows))
     fig = Figure(figsize=(8, 1.6 + 0.7 * len(levels)))
     ax = fig.add_subplot()
     for row in rows:
-        affordable, level = state_budget_bytes / row["bytes_per_parameter"], levels.index(row["gives_up"])
+        affordable, level = (state_budget_bytes / row["bytes_per_parameter"],
+                             levels.index(row["gives_up"]))
         ax.scatter([affordable], [level], s=120, zorder=3)
-        ax.annotate(f"{row['name']}\n{row['bytes_per_parameter']:.2f} B/param", (affordable, level),
-                    textcoords="offset points", xytext=(8, 4))
+        ax.annotate(f"{row['name']}\n{row['bytes_per_parameter']:.2f} B/param",
+                    (affordable, level), textcoords="offset points", xytext=(8, 4))
     ax.set_xscale("log")
-    ax.set_xlabel(f"parameters whose optimizer state fits in {state_budget_bytes / GiB:.0f} GiB (log)")
+    ax.set_xlabel("parameters whose optimizer state fits in "
+                  f"{state_budget_bytes / GiB:.0f} GiB (log)")
     ax.set_yticks(range(len(levels)), levels)
     ax.set_ylabel("what the state gives up")
     ax.set_ylim(len(levels) - 0.4, -0.6)  # the first level at the top
-    ax.set_xlim(left=min(state_budget_bytes / r["bytes_per_parameter"] for r in rows) / 3,
-                right=max(state_budget_bytes / r["bytes_per_parameter"] for r in rows) * 30)
+    ax.set_xlim(
+        left=min(state_budget_bytes / r["bytes_per_parameter"] for r in rows) / 3,
+        right=max(state_budget_bytes / r["bytes_per_parameter"] for r in rows) * 30,
+    )
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
 
 
-def ema_figure(gradients, exp_avg, exp_avg_sq, bias_corrected=False, mean=None, second_moment=None):
+def ema_figure(
+    gradients, exp_avg, exp_avg_sq, bias_corrected=False, mean=None, second_moment=None
+):
     """Lesson 04: a noisy gradient stream and AdamW's two moving averages of it.
 
-    ``bias_corrected``: the averages were divided by 1 - beta**step, as AdamW's step uses them.
-    ``mean`` and ``second_moment``, when given, are drawn as dashed lines: what the averages estimate.
+    ``bias_corrected``: the averages were divided by 1 - beta**step, as AdamW's step
+    uses them. ``mean`` and ``second_moment``, when given, are drawn as dashed lines:
+    what the averages estimate.
     """
     _require_some(gradients, "gradients", "gradient value")
     if not len(gradients) == len(exp_avg) == len(exp_avg_sq):
-        raise ValueError(f"gradients, exp_avg and exp_avg_sq need one value per step each, got lengths "
+        raise ValueError("gradients, exp_avg and exp_avg_sq need one value per step "
+                         "each, got lengths "
                          f"{len(gradients)}, {len(exp_avg)} and {len(exp_avg_sq)}")
     corrected = ", bias-corrected" if bias_corrected else ""
     fig = Figure(figsize=(8, 3.4))
     ax_first, ax_second = fig.subplots(1, 2)
     steps = range(1, len(gradients) + 1)
     ax_first.plot(steps, gradients, lw=0.8, color=MUTED, label="gradient")
-    ax_first.plot(steps, exp_avg, color=HIGHLIGHT, label=f"EMA of gradients (exp_avg{corrected})")
-    ax_second.plot(steps, [g * g for g in gradients], lw=0.8, color=MUTED, label="squared gradient")
-    ax_second.plot(steps, exp_avg_sq, color="#1b9e77", label=f"EMA of squared gradients (exp_avg_sq{corrected})")
-    for ax, value, name in ((ax_first, mean, "mean"), (ax_second, second_moment, "second moment")):
+    ax_first.plot(steps, exp_avg, color=HIGHLIGHT, label="EMA of gradients "
+                                                         f"(exp_avg{corrected})")
+    ax_second.plot(
+        steps, [g * g for g in gradients], lw=0.8, color=MUTED, label="squared gradient"
+    )
+    ax_second.plot(steps, exp_avg_sq, color="#1b9e77", label="EMA of squared "
+                                                             "gradients "
+                                                             f"(exp_avg_sq{corrected})")
+    for ax, value, name in ((ax_first, mean, "mean"),
+                            (ax_second, second_moment, "second moment")):
         if value is not None:
-            ax.axhline(value, color="black", ls="--", lw=1, label=f"true {name}: {value:g}")
+            ax.axhline(value, color="black", ls="--", lw=1, label=f"true {name}: "
+                                                                  f"{value:g}")
     for ax in (ax_first, ax_second):
         ax.set_xlabel("step")
         ax.legend(fontsize=8)
@@ -469,36 +557,43 @@ def ema_figure(gradients, exp_avg, exp_avg_sq, bias_corrected=False, mean=None, 
 
 
 def memory_grid_figure(states, columns=16):
-    """Lesson 04: one square per parameter and state; colour = which state, shade = its magnitude.
+    """Lesson 04: one square per parameter and state; colour = which state, shade = its
+    magnitude.
 
-    ``states`` maps a state name to a 1-D sequence of values, one per parameter (a tensor or an
-    array: the bytes per parameter in each title are its dtype's).
+    ``states`` maps a state name to a 1-D sequence of values, one per parameter (a
+    tensor or an array: the bytes per parameter in each title are its dtype's).
     """
     import numpy as np
 
     colormaps = ["Blues", "Oranges", "Greens", "Purples"]
     _require_some(states, "states", "state name mapped to its values")
     if len(states) > len(colormaps):
-        raise ValueError(f"at most {len(colormaps)} states can be told apart by colour, got {len(states)}")
+        raise ValueError(f"at most {len(colormaps)} states can be told apart by "
+                         f"colour, got {len(states)}")
     _require_positive_int(columns, "columns")
     for name, values in states.items():
         if len(values) == 0 or len(values) % columns:
-            raise ValueError(f"{name!r} has {len(values)} values; pass a non-zero multiple of columns={columns}")
+            raise ValueError(f"{name!r} has {len(values)} values; pass a non-zero "
+                             f"multiple of columns={columns}")
     fig = Figure(figsize=(8, 1.1 + 0.9 * len(states)))
     axes = fig.subplots(len(states), 1, squeeze=False)[:, 0]
     for ax, (name, values), cmap in zip(axes, states.items(), colormaps):
         if hasattr(values, "element_size"):  # a tensor (any dtype, any device)
-            value_bytes, values = values.element_size(), values.detach().float().cpu().numpy()
+            value_bytes, values = (values.element_size(),
+                                   values.detach().float().cpu().numpy())
         else:
             values = np.asarray(values)
-            value_bytes = values.dtype.itemsize  # 8 for Python floats, 4 for a float32 array
+            # 8 for Python floats, 4 for a float32 array
+            value_bytes = values.dtype.itemsize
         grid = np.abs(values.astype(float)).reshape(-1, columns)
         ax.imshow(grid / (grid.max() or 1), cmap=cmap, vmin=-0.3, vmax=1)
         ax.set_xticks(np.arange(-0.5, columns, 1), minor=True)
         ax.set_yticks(np.arange(-0.5, grid.shape[0], 1), minor=True)
         ax.grid(which="minor", color="white", lw=1.5)
         ax.tick_params(which="both", length=0, labelbottom=False, labelleft=False)
-        ax.set_title(f"{name}: {value_bytes} bytes per parameter", fontsize=10, loc="left")
+        ax.set_title(
+            f"{name}: {value_bytes} bytes per parameter", fontsize=10, loc="left"
+        )
     fig.tight_layout()
     return fig
 
@@ -506,9 +601,9 @@ def memory_grid_figure(states, columns=16):
 def training_memory_figure(memories, n_parameters):
     """Lesson 04: training memory per parameter, one stacked bar per optimizer.
 
-    ``memories`` maps an optimizer's name to ``helpers.memory_budget.training_memory``'s dict
-    (bytes of 'weights', 'gradients', 'optimizer state', 'activations'); each bar shows them
-    divided by ``n_parameters``.
+    ``memories`` maps an optimizer's name to ``helpers.memory_budget.training_memory``'s
+    dict (bytes of 'weights', 'gradients', 'optimizer state', 'activations'); each bar
+    shows them divided by ``n_parameters``.
     """
     kinds = ("weights", "gradients", "optimizer state", "activations")
     _require_some(memories, "memories", "optimizer name mapped to training_memory(...)")
@@ -516,8 +611,10 @@ def training_memory_figure(memories, n_parameters):
     for name, memory in memories.items():
         missing = [kind for kind in kinds if kind not in memory]
         if missing:
-            raise ValueError(f"memories[{name!r}] lacks {', '.join(map(repr, missing))}: "
-                             "pass the dict that helpers.memory_budget.training_memory returns")
+            raise ValueError(f"memories[{name!r}] lacks "
+                             f"{', '.join(map(repr, missing))}: "
+                             "pass the dict that "
+                             "helpers.memory_budget.training_memory returns")
     fig = Figure(figsize=(8, 3.2))
     ax = fig.add_subplot()
     names = list(memories)
@@ -541,19 +638,24 @@ def training_memory_figure(memories, n_parameters):
 
 
 def loss_curves_figure(curves, title=None):
-    """Lesson 05: training loss against optimizer step, one line per run (float32 against bfloat16).
+    """Lesson 05: training loss against optimizer step, one line per run (float32
+    against bfloat16).
 
-    ``curves`` maps a run's name to a list of (optimizer step, loss) pairs, in the order of the steps.
+    ``curves`` maps a run's name to a list of (optimizer step, loss) pairs, in the order
+    of the steps.
     """
     _require_some(curves, "curves", "run name mapped to its (step, loss) pairs")
     for name, points in curves.items():
         _require_some(points, f"curves[{name!r}]", "(step, loss) pair")
         if any(len(point) != 2 for point in points):
-            raise ValueError(f"curves[{name!r}] must hold (step, loss) pairs, got {points[:3]!r}...")
+            raise ValueError(f"curves[{name!r}] must hold (step, loss) pairs, got "
+                             f"{points[:3]!r}...")
         finite = [loss for _, loss in points if math.isfinite(loss)]
         if len(finite) < len(points):
-            raise ValueError(f"curves[{name!r}] holds {len(points) - len(finite)} losses that are not finite "
-                             "(inf or NaN): the run diverged; plot it after you have found out why")
+            raise ValueError(f"curves[{name!r}] holds {len(points) - len(finite)} "
+                             "losses that are not finite "
+                             "(inf or NaN): the run diverged; plot it after you "
+                             "have found out why")
     fig = Figure(figsize=(7.5, 3.6))
     ax = fig.add_subplot()
     styles = ["-", "--", ":", "-."]
@@ -570,41 +672,51 @@ def loss_curves_figure(curves, title=None):
     return fig
 
 
-BIT_COLOURS = {"sign": "#e7298a", "exponent (range)": "#1b9e77", "mantissa (precision)": "#7570b3"}
+BIT_COLOURS = {"sign": "#e7298a", "exponent (range)": "#1b9e77",
+               "mantissa (precision)": "#7570b3"}
 DTYPE_COLOURS = {"float32": "#4477aa", "bfloat16": HIGHLIGHT}
 
 
 def number_formats_figure(formats, notes=None):
-    """Lesson 05: the bits of each floating-point format: 1 sign bit, the exponent bits, the mantissa bits.
+    """Lesson 05: the bits of each floating-point format: 1 sign bit, the exponent bits,
+    the mantissa bits.
 
-    ``formats`` maps a format's name to ``(exponent bits, mantissa bits)``, as ``torch.finfo`` gives them;
-    ``notes`` (optional) maps a name to a line shown beside its bits (its range and precision, say).
+    ``formats`` maps a format's name to ``(exponent bits, mantissa bits)``, as
+    ``torch.finfo`` gives them; ``notes`` (optional) maps a name to a line shown beside
+    its bits (its range and precision, say).
     """
-    _require_some(formats, "formats", "format name mapped to (exponent bits, mantissa bits)")
+    _require_some(formats, "formats",
+                  "format name mapped to (exponent bits, mantissa bits)")
     for name, bits in formats.items():
-        if (len(bits) != 2 or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in bits)):
-            raise ValueError(f"formats[{name!r}] must be (exponent bits, mantissa bits), two positive "
-                             f"integers, got {bits!r}")
+        if (len(bits) != 2 or not all(isinstance(b, int) and not isinstance(b, bool)
+                                      and b > 0 for b in bits)):
+            raise ValueError(f"formats[{name!r}] must be (exponent bits, mantissa "
+                             f"bits), two positive integers, got {bits!r}")
     notes = notes or {}
     fig = Figure(figsize=(10, 0.9 + 0.75 * len(formats)))
     ax = fig.add_subplot()
     widest = max(1 + e + m for e, m in formats.values())
     for row, (name, (exponent, mantissa)) in enumerate(formats.items()):
         y = len(formats) - 1 - row
-        kinds = ["sign"] + ["exponent (range)"] * exponent + ["mantissa (precision)"] * mantissa
+        kinds = (["sign"] + ["exponent (range)"] * exponent
+                 + ["mantissa (precision)"] * mantissa)
         for i, kind in enumerate(kinds):
-            ax.add_patch(FancyBboxPatch((i + 0.08, y + 0.12), 0.84, 0.56, boxstyle="square,pad=0",
+            ax.add_patch(FancyBboxPatch((i + 0.08, y + 0.12), 0.84, 0.56,
+                                        boxstyle="square,pad=0",
                                         facecolor=BIT_COLOURS[kind], edgecolor="white"))
-        ax.text(-0.6, y + 0.4, f"{name}\n{len(kinds)} bits", ha="right", va="center", fontsize=10)
-        ax.text(1 + exponent / 2, y + 0.4, f"{exponent}", ha="center", va="center", color="white",
-                fontsize=9, weight="bold")
-        ax.text(1 + exponent + mantissa / 2, y + 0.4, f"{mantissa}", ha="center", va="center",
+        ax.text(-0.6, y + 0.4, f"{name}\n{len(kinds)} bits", ha="right", va="center",
+                fontsize=10)
+        ax.text(1 + exponent / 2, y + 0.4, f"{exponent}", ha="center", va="center",
                 color="white", fontsize=9, weight="bold")
+        ax.text(1 + exponent + mantissa / 2, y + 0.4, f"{mantissa}", ha="center",
+                va="center", color="white", fontsize=9, weight="bold")
         if name in notes:
-            ax.text(len(kinds) + 0.6, y + 0.4, notes[name], ha="left", va="center", fontsize=9)
+            ax.text(len(kinds) + 0.6, y + 0.4, notes[name], ha="left", va="center",
+                    fontsize=9)
     for kind, colour in BIT_COLOURS.items():
         ax.bar(0, 0, color=colour, label=kind)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=3, frameon=False, fontsize=9)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=3, frameon=False,
+              fontsize=9)
     ax.set_xlim(-4.5, widest + 14)
     ax.set_ylim(-0.1, len(formats))
     ax.axis("off")
@@ -613,15 +725,18 @@ def number_formats_figure(formats, notes=None):
 
 
 def autocast_layer_figure(dtypes, title=None):
-    """Lesson 05: one transformer layer's steps, in order, each coloured by the dtype it ran in.
+    """Lesson 05: one transformer layer's steps, in order, each coloured by the dtype it
+    ran in.
 
-    ``dtypes`` maps a step's name ("Q, K, V projections", "layer norm", ...) to the dtype name of its
-    output, "float32" or "bfloat16", in the order the steps run.
+    ``dtypes`` maps a step's name ("Q, K, V projections", "layer norm", ...) to the
+    dtype name of its output, "float32" or "bfloat16", in the order the steps run.
     """
     _require_some(dtypes, "dtypes", "step name mapped to a dtype name")
-    unknown = {name: dtype for name, dtype in dtypes.items() if dtype not in DTYPE_COLOURS}
+    unknown = {name: dtype for name, dtype in dtypes.items()
+               if dtype not in DTYPE_COLOURS}
     if unknown:
-        raise ValueError(f"dtypes must be one of {', '.join(DTYPE_COLOURS)}; got {unknown!r}")
+        raise ValueError(f"dtypes must be one of {', '.join(DTYPE_COLOURS)}; "
+                         f"got {unknown!r}")
     fig = Figure(figsize=(10, 2.0 + 0.05 * len(dtypes)))
     ax = fig.add_subplot()
     per_row = math.ceil(len(dtypes) / 2)
@@ -629,14 +744,17 @@ def autocast_layer_figure(dtypes, title=None):
         row, column = divmod(i, per_row)
         x, y = column * 2.2, 1.3 - row * 1.3
         ax.add_patch(FancyBboxPatch((x, y), 1.9, 0.8, boxstyle="round,pad=0.05",
-                                    facecolor=DTYPE_COLOURS[dtype], edgecolor="black", alpha=0.85))
-        ax.text(x + 0.95, y + 0.4, name, ha="center", va="center", fontsize=9, color="white",
-                weight="bold", wrap=True)
+                                    facecolor=DTYPE_COLOURS[dtype], edgecolor="black",
+                                    alpha=0.85))
+        ax.text(x + 0.95, y + 0.4, name, ha="center", va="center", fontsize=9,
+                color="white", weight="bold", wrap=True)
         if column < per_row - 1 and i < len(dtypes) - 1:
-            ax.annotate("", (x + 2.2, y + 0.4), (x + 1.95, y + 0.4), arrowprops=dict(arrowstyle="->"))
+            ax.annotate("", (x + 2.2, y + 0.4), (x + 1.95, y + 0.4),
+                        arrowprops=dict(arrowstyle="->"))
     for dtype, colour in DTYPE_COLOURS.items():
         ax.bar(0, 0, color=colour, label=f"ran in {dtype}")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0.02), ncol=2, frameon=False, fontsize=10)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0.02), ncol=2, frameon=False,
+              fontsize=10)
     ax.set_xlim(-0.2, per_row * 2.2)
     ax.set_ylim(-0.1, 2.3)
     ax.axis("off")
@@ -647,20 +765,24 @@ def autocast_layer_figure(dtypes, title=None):
 
 
 def speed_reference_figure(machines):
-    """Lesson 05: bfloat16 time over float32 time, per measurement, on this machine and recorded ones.
+    """Lesson 05: bfloat16 time over float32 time, per measurement, on this machine and
+    recorded ones.
 
-    ``machines`` maps a machine's label ("this machine", "Intel Xeon, AVX512-BF16, 2026-12-06") to
-    ``{measurement: ratio}``; a ratio below 1 means bfloat16 was faster. The first machine is drawn in
-    the highlight colour.
+    ``machines`` maps a machine's label ("this machine", "Intel Xeon, AVX512-BF16,
+    2026-12-06") to ``{measurement: ratio}``; a ratio below 1 means bfloat16 was faster.
+    The first machine is drawn in the highlight colour.
     """
-    _require_some(machines, "machines", "machine label mapped to {measurement: ratio}")
+    _require_some(machines, "machines",
+                  "machine label mapped to {measurement: ratio}")
     for label, ratios in machines.items():
         _require_some(ratios, f"machines[{label!r}]", "measurement mapped to a ratio")
         bad = {k: v for k, v in ratios.items() if not _finite_number(v) or v <= 0}
         if bad:
-            raise ValueError(f"machines[{label!r}]: each ratio must be a finite number > 0 (bfloat16 "
-                             f"seconds over float32 seconds), got {bad!r}")
-    measurements = list(dict.fromkeys(m for ratios in machines.values() for m in ratios))
+            raise ValueError(f"machines[{label!r}]: each ratio must be a finite "
+                             f"number > 0 (bfloat16 seconds over float32 seconds), "
+                             f"got {bad!r}")
+    measurements = list(dict.fromkeys(m for ratios in machines.values()
+                                      for m in ratios))
     fig = Figure(figsize=(9, 1.4 + 0.45 * len(machines) * len(measurements)))
     ax = fig.add_subplot()
     height = 0.8 / len(machines)
@@ -671,15 +793,17 @@ def speed_reference_figure(machines):
             y = j + i * height
             ax.barh(y, ratios[measurement], height=height * 0.9, left=0,
                     color=HIGHLIGHT if i == 0 else MUTED, edgecolor="black")
-            ax.text(ratios[measurement] * 1.08, y, f"{ratios[measurement]:.2f}x  {label}",
-                    va="center", fontsize=8)
+            ax.text(ratios[measurement] * 1.08, y,
+                    f"{ratios[measurement]:.2f}x  {label}", va="center", fontsize=8)
     ax.axvline(1.0, color="black", lw=1)
     ax.set_xscale("log")
-    ax.set_yticks([j + 0.4 - height / 2 for j in range(len(measurements))], measurements)
+    ax.set_yticks([j + 0.4 - height / 2 for j in range(len(measurements))],
+                  measurements)
     ax.invert_yaxis()
     low = min(min(r.values()) for r in machines.values())
     high = max(max(r.values()) for r in machines.values())
     ax.set_xlim(min(low, 1.0) / 2, max(high, 1.0) * 8)
-    ax.set_xlabel("bfloat16 time / float32 time (log scale): left of the line, bfloat16 is faster")
+    ax.set_xlabel("bfloat16 time / float32 time (log scale): "
+                  "left of the line, bfloat16 is faster")
     fig.tight_layout()
     return fig

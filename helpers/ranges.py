@@ -1,14 +1,16 @@
-"""Measured values checked against the ranges a lesson declares (lessons 01-05, in each summary cell).
+"""Measured values checked against the ranges a lesson declares (lessons 01-05, in each
+summary cell).
 
-A count, a shape or a byte count computed from shapes is the same on every machine: the lessons
-print it as it is, and the tests replay it exactly. A loss, an accuracy or a time ratio depends on
-the hardware (another CPU's kernels, a GPU, the machine's load), so a lesson declares the range
-that its text relies on, and ``print_measured`` prints the value beside that range and a verdict:
+A count, a shape or a byte count computed from shapes is the same on every machine: the
+lessons print it as it is, and the tests replay it exactly. A loss, an accuracy or a
+time ratio depends on the hardware (another CPU's kernels, a GPU, the machine's load),
+so a lesson declares the range that its text relies on, and ``print_measured`` prints
+the value beside that range and a verdict:
 
     trainer_eval_accuracy: 0.833  (expected 0.75 to 1): in range
 
-The tests hide the value (``tests/nbval_sanitize.cfg``) and compare the rest: a value outside
-its range prints ``OUT OF RANGE`` and fails the suite on any machine.
+The tests hide the value (``tests/nbval_sanitize.cfg``) and compare the rest: a value
+outside its range prints ``OUT OF RANGE`` and fails the suite on any machine.
 """
 import math
 import numbers
@@ -19,7 +21,8 @@ IN_RANGE, OUT_OF_RANGE = "in range", "OUT OF RANGE"
 def range_text(low, high):
     """``(0.75, 1.0)`` as 'expected 0.75 to 1', ``(7, None)`` as 'expected >= 7'."""
     if low is None and high is None:
-        raise ValueError("a range needs a low or a high end (or both); give None only for an open end")
+        raise ValueError("a range needs a low or a high end (or both); give None only "
+                         "for an open end")
     if low is not None and high is not None and low > high:
         raise ValueError(f"the range's low end {low} is above its high end {high}")
     if high is None:
@@ -30,35 +33,44 @@ def range_text(low, high):
 
 
 def in_range(value, low, high):
-    """Whether ``value`` lies in [low, high] (None: no bound on that side); NaN never does."""
-    if not isinstance(value, numbers.Real) or isinstance(value, bool) or math.isnan(value):
+    """Whether ``value`` lies in [low, high] (None: no bound on that side); NaN never
+    does."""
+    if (not isinstance(value, numbers.Real) or isinstance(value, bool)
+        or math.isnan(value)):
         return False
     return (low is None or value >= low) and (high is None or value <= high)
 
 
 def verdict(value, low, high):
-    """IN_RANGE or OUT_OF_RANGE: what a summary says of ``value`` against [low, high]."""
+    """IN_RANGE or OUT_OF_RANGE: what a summary says of ``value`` against [low,
+    high]."""
     return IN_RANGE if in_range(value, low, high) else OUT_OF_RANGE
 
 
 def measured_line(name, value, expected_range=None, digits=3):
-    """One summary line: the value alone when it is exact, else the value, its range and the verdict."""
+    """One summary line: the value alone when it is exact, else the value, its range and
+    the verdict."""
     if expected_range is None:
         return f"{name}: {value}"
     low, high = expected_range
-    shown = f"{value:.{digits}f}" if isinstance(value, numbers.Real) and not isinstance(value, bool) else repr(value)
+    shown = (f"{value:.{digits}f}"
+             if isinstance(value, numbers.Real) and not isinstance(value, bool)
+             else repr(value))
     return f"{name}: {shown}  ({range_text(low, high)}): {verdict(value, low, high)}"
 
 
 def print_measured(measured, expected, digits=3):
-    """Print a lesson's summary: every ``measured`` value, range-checked where ``expected`` names a range.
+    """Print a lesson's summary: every ``measured`` value, range-checked where
+    ``expected`` names a range.
 
-    ``expected`` maps a name to ``(low, high)``; each name in it must be measured. Returns nothing, so
-    that a notebook cell ending with this call shows only the printed lines.
+    ``expected`` maps a name to ``(low, high)``; each name in it must be measured.
+    Returns nothing, so that a notebook cell ending with this call shows only the
+    printed lines.
     """
     unknown = set(expected) - set(measured)
     if unknown:
-        raise KeyError(f"EXPECTED names values that were not measured: {', '.join(sorted(unknown))}")
+        raise KeyError("EXPECTED names values that were not measured: "
+                       f"{', '.join(sorted(unknown))}")
     print("Measured in this lesson")
     outside = []
     for name, value in measured.items():
@@ -67,24 +79,29 @@ def print_measured(measured, expected, digits=3):
             outside.append(name)
         print(line)
     if outside:
-        print(f"{len(outside)} value(s) outside the range this lesson expects: the text above may not hold on "
-              "this machine. Re-run the lesson; if it persists, report the lines above to the course maintainers.")
+        print(f"{len(outside)} value(s) outside the range this lesson expects: the "
+              "text above may not hold on "
+              "this machine. Re-run the lesson; if it persists, report the lines "
+              "above to the course maintainers.")
 
 
 def summary_table(measured, expected, findings):
-    """A lesson's summary as a table a person reads: finding, measured, expected, verdict (lesson 01 on).
+    """A lesson's summary as a table a person reads: finding, measured, expected,
+    verdict (lesson 01 on).
 
-    ``findings`` maps a measured name to ``(what it means, format)``, in the order the table shows them:
-    a few words a learner reads ("memory kept for backward, off / on") and a ``str.format`` pattern for the
-    value ("{:.1f}x less"). A name with a range in ``expected`` shows the range and the verdict; one
-    without is the same on every CPU, which the tests compare exactly ("exact"). Returns a Markdown object, which the notebook shows
-    as a table; ``print_measured`` prints the same values for the tests.
+    ``findings`` maps a measured name to ``(what it means, format)``, in the order the
+    table shows them: a few words a learner reads ("memory kept for backward, off / on")
+    and a ``str.format`` pattern for the value ("{:.1f}x less"). A name with a range in
+    ``expected`` shows the range and the verdict; one without is the same on every CPU,
+    which the tests compare exactly ("exact"). Returns a Markdown object, which the
+    notebook shows as a table; ``print_measured`` prints the same values for the tests.
     """
     from IPython.display import Markdown
 
     unknown = [name for name in findings if name not in measured]
     if unknown:
-        raise KeyError(f"findings names values that were not measured: {', '.join(unknown)}")
+        raise KeyError("findings names values that were not measured: "
+                       f"{', '.join(unknown)}")
     rows = ["| finding | measured | expected | verdict |", "| --- | --- | --- | --- |"]
     for name, (meaning, pattern) in findings.items():
         value = measured[name]

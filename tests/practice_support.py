@@ -1,4 +1,5 @@
-"""What the practice tests share: asserting a verdict, and a learner's random numbers after a check."""
+"""What the practice tests share: asserting a verdict, and a learner's random numbers
+after a check."""
 import random
 
 import numpy as np
@@ -16,7 +17,8 @@ def assert_verdict(verdict, status, *fragments):
 
 
 def draws_after_seeding(run_check=None):
-    """What a learner draws from the global generators after seeding them (and running a check)."""
+    """What a learner draws from the global generators after seeding them (and running a
+    check)."""
     torch.manual_seed(1234)
     random.seed(1234)
     np.random.seed(1234)

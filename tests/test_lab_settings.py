@@ -1,4 +1,5 @@
-"""JupyterLab's first start asks nothing that is not about the course: the project's settings, in force."""
+"""JupyterLab's first start asks nothing that is not about the course: the project's
+settings, in force."""
 import json
 import socket
 import subprocess
@@ -20,9 +21,14 @@ def lab_server(tmp_path_factory):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     process = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root", f"--port={port}",
-         "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={TOKEN}", f"--notebook-dir={REPO_ROOT / 'notebooks'}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path_factory.mktemp("lab"))
+        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root",
+         f"--port={port}", "--ServerApp.ip=127.0.0.1",
+         f"--IdentityProvider.token={TOKEN}",
+         f"--notebook-dir={REPO_ROOT / 'notebooks'}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=tmp_path_factory.mktemp("lab"),
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 60
     while True:
@@ -32,7 +38,7 @@ def lab_server(tmp_path_factory):
         except OSError:
             if time.time() > deadline or process.poll() is not None:
                 process.kill()
-                raise RuntimeError("jupyter lab did not start within 60 s")
+                raise RuntimeError("jupyter lab did not start within 60 s") from None
             time.sleep(0.3)
     yield url
     process.terminate()
@@ -40,15 +46,19 @@ def lab_server(tmp_path_factory):
 
 
 def defaults(lab_server, plugin):
-    """The defaults the running server gives ``plugin``'s settings: the schema's, with overrides.json applied."""
-    with urllib.request.urlopen(f"{lab_server}/lab/api/settings/{plugin}?token={TOKEN}", timeout=10) as answer:
+    """The defaults the running server gives ``plugin``'s settings: the schema's, with
+    overrides.json applied."""
+    with urllib.request.urlopen(
+        f"{lab_server}/lab/api/settings/{plugin}?token={TOKEN}", timeout=10
+    ) as answer:
         properties = json.load(answer)["schema"]["properties"]
     return {name: spec.get("default") for name, spec in properties.items()}
 
 
 def test_the_news_and_update_prompts_are_off_in_a_running_jupyterlab(lab_server):
     settings = defaults(lab_server, "@jupyterlab/apputils-extension:notification")
-    assert settings["fetchNews"] == "false"  # the schema's default "none" asks the learner on first start
+    # the schema's default "none" asks the learner on first start
+    assert settings["fetchNews"] == "false"
     assert settings["checkForUpdates"] is False
 
 

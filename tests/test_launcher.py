@@ -1,4 +1,5 @@
-"""The notebook launcher of lesson 03 (helpers/launcher.py): real processes, and every way a launch can go wrong."""
+"""The notebook launcher of lesson 03 (helpers/launcher.py): real processes, and every
+way a launch can go wrong."""
 import importlib.util
 import sys
 import time
@@ -13,18 +14,22 @@ from helpers.launcher import WorkerFailedError, WorkerTimeoutError, run_in_proce
 
 
 def reports_who_it_is(accelerator, greeting):
-    """A worker that makes a progress bar, then says which process it is and how it was set up."""
+    """A worker that makes a progress bar, then says which process it is and how it was
+    set up."""
     import torch
     from tqdm import tqdm
 
-    for _ in tqdm(range(3), disable=True):  # creating a bar takes tqdm's lock, even when it shows nothing
+    # creating a bar takes tqdm's lock, even when it shows nothing
+    for _ in tqdm(range(3), disable=True):
         pass
-    return {"greeting": greeting, "processes": accelerator.num_processes, "device": accelerator.device.type,
-            "threads": torch.get_num_threads(), "progress bar": "ok"}
+    return {"greeting": greeting, "processes": accelerator.num_processes,
+            "device": accelerator.device.type, "threads": torch.get_num_threads(),
+            "progress bar": "ok"}
 
 
 def fails_on_process_1(accelerator):
-    """Fault injection, for the tests only: process 1 raises at once, process 0 waits for it in a collective."""
+    """Fault injection, for the tests only: process 1 raises at once, process 0 waits
+    for it in a collective."""
     if accelerator.process_index == 1:
         raise RuntimeError("injected failure on process 1")
     accelerator.wait_for_everyone()
@@ -36,11 +41,12 @@ def sleeps_forever(accelerator):
 
 @pytest.fixture(scope="module")
 def launched_despite_everything():
-    """One launch, checked several ways below, made under all that once broke a launch from a notebook:
-    an Accelerator already made in this process (as a Trainer in the same kernel would), bitsandbytes
-    imported (as lesson 04's checks do in the same test process), something else
-    listening on the port asked for, and tqdm's lock held (as its monitor thread holds it now and then;
-    fork shares that semaphore with the workers, which must get locks of their own).
+    """One launch, checked several ways below, made under all that once broke a launch
+    from a notebook: an Accelerator already made in this process (as a Trainer in the
+    same kernel would), bitsandbytes imported (as lesson 04's checks do in the same test
+    process), something else listening on the port asked for, and tqdm's lock held (as
+    its monitor thread holds it now and then; fork shares that semaphore with the
+    workers, which must get locks of their own).
     """
     import socket
 
@@ -48,7 +54,9 @@ def launched_despite_everything():
     from tqdm import tqdm
 
     Accelerator(cpu=True)
-    bitsandbytes_imported = "bitsandbytes" in sys.modules or bool(importlib.util.find_spec("bitsandbytes"))
+    bitsandbytes_imported = "bitsandbytes" in sys.modules or bool(
+        importlib.util.find_spec("bitsandbytes")
+    )
     if bitsandbytes_imported:
         import bitsandbytes  # noqa: F401  (lesson 04's checks import it; Accelerate then refuses to fork)
     with socket.socket() as blocker, tqdm.get_lock():
@@ -56,19 +64,29 @@ def launched_despite_everything():
         blocker.listen()
         busy_port = blocker.getsockname()[1]
         port_was_busy = launcher.port_is_busy(busy_port)
-        result = run_in_processes(reports_who_it_is, ("hello",), num_processes=2, port=busy_port, timeout_s=60)
-    return {"result": result, "port was busy": port_was_busy, "bitsandbytes imported": bitsandbytes_imported,
+        result = run_in_processes(
+            reports_who_it_is, ("hello",), num_processes=2, port=busy_port, timeout_s=60
+        )
+    return {"result": result, "port was busy": port_was_busy,
+            "bitsandbytes imported": bitsandbytes_imported,
             "bitsandbytes still imported": "bitsandbytes" in sys.modules}
 
 
-def test_a_worker_runs_on_two_processes_and_process_0_returns_its_result(launched_despite_everything):
-    expected_device = "cuda" if torch.cuda.device_count() >= 2 else "cpu"  # one GPU per process, or the CPU
-    assert launched_despite_everything["result"] == {"greeting": "hello", "processes": 2, "device": expected_device,
-                                                     "threads": 1, "progress bar": "ok"}
+def test_a_worker_runs_on_two_processes_and_process_0_returns_its_result(
+        launched_despite_everything):
+    # one GPU per process, or the CPU
+    expected_device = "cuda" if torch.cuda.device_count() >= 2 else "cpu"
+    assert launched_despite_everything["result"] == {
+        "greeting": "hello", "processes": 2, "device": expected_device,
+        "threads": 1, "progress bar": "ok"}
 
 
-def test_bitsandbytes_imported_before_does_not_stop_the_launch_and_stays_imported(launched_despite_everything):
-    assert launched_despite_everything["bitsandbytes imported"], "bitsandbytes is pinned in requirements.txt"
+def test_bitsandbytes_imported_before_does_not_stop_the_launch_and_stays_imported(
+    launched_despite_everything,
+):
+    assert launched_despite_everything["bitsandbytes imported"], ("bitsandbytes is "
+                                                                  "pinned in "
+                                                                  "requirements.txt")
     assert launched_despite_everything["bitsandbytes still imported"]
 
 
@@ -81,7 +99,9 @@ def test_a_failing_worker_reports_its_own_traceback_fast():
     assert time.perf_counter() - start < 60  # not a hang in a collective
 
 
-def test_a_busy_port_and_an_existing_accelerator_do_not_break_the_launch(launched_despite_everything):
+def test_a_busy_port_and_an_existing_accelerator_do_not_break_the_launch(
+    launched_despite_everything,
+):
     assert launched_despite_everything["port was busy"]
     assert launched_despite_everything["result"]["processes"] == 2
 
@@ -110,11 +130,16 @@ def test_the_port_comes_from_master_port_and_a_bad_one_gets_a_clear_error(monkey
 
 
 @pytest.mark.parametrize("peer_error", [
-    "RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:28843.",
-    "RuntimeError: [../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:22960: Connection reset by peer."])
+    "RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+    "[127.0.0.1]:28843.",
+    "RuntimeError: [../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:22960: "
+    "Connection reset by peer."])
 def test_the_root_cause_is_reported_not_the_peer_that_lost_its_connection(peer_error):
-    error = WorkerFailedError(SimpleNamespace(failures={}),
-                              {0: f"Traceback ...\n{peer_error}\n", 1: "Traceback ...\nValueError: bad batch\n"})
+    error = WorkerFailedError(
+        SimpleNamespace(failures={}),
+        {0: f"Traceback ...\n{peer_error}\n",
+         1: "Traceback ...\nValueError: bad batch\n"},
+    )
     assert str(error).startswith("worker process 1 failed")
     assert error.worker_traceback.endswith("ValueError: bad batch\n")
 
@@ -136,7 +161,9 @@ def test_workers_that_never_finish_are_stopped_and_say_where_they_were():
     assert "sleeps_forever" in str(caught.value) and "process 0" in str(caught.value)
 
 
-def test_a_progress_bar_in_a_worker_does_not_wait_for_the_notebooks_tqdm_lock(launched_despite_everything):
+def test_a_progress_bar_in_a_worker_does_not_wait_for_the_notebooks_tqdm_lock(
+    launched_despite_everything,
+):
     assert launched_despite_everything["result"]["progress bar"] == "ok"
 
 
@@ -149,27 +176,37 @@ def says_where_it_runs(accelerator):
     return accelerator.device.type
 
 
-# What Accelerate's notebook_launcher is told the device is: the torch build's accelerator, GPU or not.
+# What Accelerate's notebook_launcher is told the device is: the torch build's
+# accelerator, GPU or not.
 CPU_BUILD = torch.accelerator.current_accelerator() is None
 
 
-@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="with a GPU for each process, the workers use GPUs")
-@pytest.mark.parametrize("build_reports", [("cuda", "MULTI_GPU"), ("cpu", "NO")], ids=["CUDA build", "CPU build"])
-def test_the_launch_message_names_the_device_the_workers_use(build_reports, monkeypatch, capsys):
+@pytest.mark.skipif(torch.cuda.device_count() >= 2,
+                    reason="with a GPU for each process, the workers use GPUs")
+@pytest.mark.parametrize("build_reports", [("cuda", "MULTI_GPU"), ("cpu", "NO")],
+                         ids=["CUDA build", "CPU build"])
+def test_the_launch_message_names_the_device_the_workers_use(build_reports, monkeypatch,
+                                                            capsys):
     import accelerate.launchers
 
     # what get_current_device_type says on a CUDA build with no GPU, and on a CPU build
-    monkeypatch.setattr(accelerate.launchers, "get_current_device_type", lambda: build_reports)
-    assert run_in_processes(says_where_it_runs, num_processes=2, preload=False, timeout_s=60) == "cpu"
+    monkeypatch.setattr(accelerate.launchers, "get_current_device_type",
+                        lambda: build_reports)
+    assert run_in_processes(says_where_it_runs, num_processes=2, preload=False,
+                            timeout_s=60) == "cpu"
     assert capsys.readouterr().out.splitlines() == ["Launching training on 2 CPUs."]
-    assert accelerate.launchers.get_current_device_type() == build_reports  # put back after the launch
+    # put back after the launch
+    assert accelerate.launchers.get_current_device_type() == build_reports
 
 
 @pytest.mark.parametrize("build", [
-    pytest.param("cuda", marks=pytest.mark.skipif(CPU_BUILD, reason="a CPU build of torch")),
-    pytest.param("cpu", marks=pytest.mark.skipif(not CPU_BUILD, reason="a torch build with an accelerator backend"))])
+    pytest.param("cuda",
+                 marks=pytest.mark.skipif(CPU_BUILD, reason="a CPU build of torch")),
+    pytest.param("cpu", marks=pytest.mark.skipif(
+        not CPU_BUILD, reason="a torch build with an accelerator backend"))])
 def test_accelerate_names_the_builds_device_not_a_visible_one(build, monkeypatch):
-    """Why the launcher corrects Accelerate: a CUDA build says "cuda" even where no GPU is visible."""
+    """Why the launcher corrects Accelerate: a CUDA build says "cuda" even where no GPU
+    is visible."""
     from accelerate.utils.environment import get_current_device_type
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")

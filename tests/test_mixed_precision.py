@@ -1,8 +1,10 @@
-"""Lesson 05's helpers: the autocast of a named precision, the dtype counter, and the loss-curve figure.
+"""Lesson 05's helpers: the autocast of a named precision, the dtype counter, and the
+loss-curve figure.
 
-References: torch.autocast itself (what it enables, what it casts), dtypes checked against torch.finfo,
-counts from operations whose dtype under autocast PyTorch's own tests fix (linear: the low dtype; the
-losses on the CPU's float32 list), and clear errors for bad input.
+References: torch.autocast itself (what it enables, what it casts), dtypes checked
+against torch.finfo, counts from operations whose dtype under autocast PyTorch's own
+tests fix (linear: the low dtype; the losses on the CPU's float32 list), and clear
+errors for bad input.
 """
 import contextlib
 import warnings
@@ -12,12 +14,21 @@ import torch
 from matplotlib.figure import Figure
 
 from helpers import plots
-from helpers.mixed_precision import ACCELERATE_NAMES, PRECISIONS, DtypeCounter, autocast_dtype, autocast_for
+from helpers.mixed_precision import (
+    ACCELERATE_NAMES,
+    PRECISIONS,
+    DtypeCounter,
+    autocast_dtype,
+    autocast_for,
+)
 
 
-@pytest.mark.parametrize("precision, dtype", [("float32", None), ("bfloat16", torch.bfloat16),
-                                              ("float16", torch.float16), (torch.bfloat16, torch.bfloat16),
-                                              (torch.float16, torch.float16), (torch.float32, None)])
+@pytest.mark.parametrize(
+    "precision, dtype",
+    [("float32", None), ("bfloat16", torch.bfloat16), ("float16", torch.float16),
+     (torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16),
+     (torch.float32, None)],
+)
 def test_names_and_dtypes_give_the_autocast_dtype(precision, dtype):
     assert autocast_dtype(precision) == dtype
 
@@ -29,12 +40,17 @@ def test_float32_is_no_autocast_at_all():
         assert not torch.is_autocast_enabled("cpu")
 
 
-@pytest.mark.parametrize("precision, dtype", [("bfloat16", torch.bfloat16), ("float16", torch.float16)])
-def test_a_low_precision_runs_a_linear_layer_in_it_as_torch_autocast_does(precision, dtype):
+@pytest.mark.parametrize(
+    "precision, dtype", [("bfloat16", torch.bfloat16), ("float16", torch.float16)]
+)
+def test_a_low_precision_runs_a_linear_layer_in_it_as_torch_autocast_does(
+    precision, dtype
+):
     layer = torch.nn.Linear(8, 4)
     x = torch.randn(2, 8)
     with autocast_for(precision, torch.device("cpu")):  # a device, or its type
-        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == dtype
+        assert (torch.is_autocast_enabled("cpu")
+                and torch.get_autocast_dtype("cpu") == dtype)
         ours = layer(x)
     with torch.autocast("cpu", dtype=dtype):
         reference = layer(x)
@@ -58,13 +74,15 @@ def test_an_unknown_name_gets_a_clear_error(precision, fragments):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.int8, torch.float8_e4m3fn])
 def test_a_dtype_autocast_cannot_run_gets_an_error_not_a_warning(dtype):
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # torch.autocast would only warn and switch itself off
+        # torch.autocast would only warn and switch itself off
+        warnings.simplefilter("error")
         with pytest.raises(ValueError, match="torch.bfloat16 or torch.float16"):
             autocast_for(dtype, "cpu")
 
 
 def test_torch_autocast_itself_only_warns_for_such_a_dtype():
-    # the behaviour autocast_for guards against (torch/amp/autocast_mode.py): a warning, then float32
+    # the behaviour autocast_for guards against (torch/amp/autocast_mode.py): a warning,
+    # then float32
     with pytest.warns(UserWarning, match="Disabling autocast"):
         context = torch.autocast("cpu", dtype=torch.float64)
     with context:
@@ -94,18 +112,21 @@ def small_forward():
     h = layer(x)  # addmm: bfloat16 under autocast
     h = h.view(2, 16).view(4, 8)  # views: not counted
     residual = x + h  # float32 + bfloat16: float32 by type promotion
-    return torch.nn.functional.mse_loss(norm(residual), torch.zeros(4, 8))  # on the CPU's float32 list
+    # on the CPU's float32 list
+    return torch.nn.functional.mse_loss(norm(residual), torch.zeros(4, 8))
 
 
 def test_the_counter_sees_what_autocast_ran():
     with torch.autocast("cpu", dtype=torch.bfloat16), DtypeCounter() as counter:
         small_forward()
-    assert counter.counts[("addmm", "bfloat16")] == 1 and counter.counts[("addmm", "float32")] == 0
+    assert (counter.counts[("addmm", "bfloat16")] == 1
+            and counter.counts[("addmm", "float32")] == 0)
     assert counter.counts[("native_layer_norm", "float32")] == 1
     assert counter.counts[("mse_loss", "float32")] == 1
     assert not any(op == "view" for op, _ in counter.counts)
     assert counter.signatures[("add", ("bfloat16", "float32"), "float32")] == 1
-    # the casts autocast inserted: the weight, the bias and the input of the Linear layer
+    # the casts autocast inserted: the weight, the bias and the input of the Linear
+    # layer
     assert counter.counts[("_to_copy", "bfloat16")] == 3
 
 
@@ -113,10 +134,13 @@ def test_without_autocast_everything_is_float32():
     with DtypeCounter() as counter:
         small_forward()
     assert counter.counts[("addmm", "float32")] == 1
-    assert {dtype for _, dtype in counter.counts} == {"float32"} and not counter.counts[("_to_copy", "float32")]
+    assert {dtype for _, dtype in counter.counts} == {"float32"} and not counter.counts[
+        ("_to_copy", "float32")
+    ]
 
 
-CURVES = {"float32": [(10, 0.69), (20, 0.6), (30, 0.4)], "bfloat16": [(10, 0.7), (20, 0.62), (30, 0.42)]}
+CURVES = {"float32": [(10, 0.69), (20, 0.6), (30, 0.4)],
+          "bfloat16": [(10, 0.7), (20, 0.62), (30, 0.42)]}
 
 
 def test_the_loss_curves_figure_draws_one_line_per_run():
@@ -124,8 +148,11 @@ def test_the_loss_curves_figure_draws_one_line_per_run():
     assert isinstance(fig, Figure) and len(fig.axes) == 1
     lines = fig.axes[0].get_lines()
     assert len(lines) == 2 and list(lines[1].get_ydata()) == [0.7, 0.62, 0.42]
-    words = {t.get_text() for t in fig.findobj(lambda artist: hasattr(artist, "get_text"))}
-    assert {"float32", "bfloat16", "optimizer step", "training loss", "tiny DistilBERT"} <= words
+    words = {
+        t.get_text() for t in fig.findobj(lambda artist: hasattr(artist, "get_text"))
+    }
+    assert {"float32", "bfloat16", "optimizer step", "training loss",
+            "tiny DistilBERT"} <= words
 
 
 @pytest.mark.parametrize("curves, match", [
@@ -141,18 +168,25 @@ def test_the_loss_curves_figure_explains_bad_input(curves, match):
 
 def test_the_three_levers_figure_highlights_computation():
     fig = plots.three_levers_figure(highlight="computation")
-    words = {t.get_text() for t in fig.findobj(lambda artist: hasattr(artist, "get_text"))}
-    assert "Computation\nefficiency" in words and any("mixed precision" in w for w in words)
+    words = {
+        t.get_text() for t in fig.findobj(lambda artist: hasattr(artist, "get_text"))
+    }
+    assert "Computation\nefficiency" in words and any(
+        "mixed precision" in w for w in words
+    )
 
 
-# --- shapes only, and bfloat16 matrix multiplies on float32 kernels --------------------------------------------
+# --- shapes only, and bfloat16 matrix multiplies on float32 kernels
+# --------------------------------------------
 
 def test_fake_tensors_give_the_bytes_and_dtypes_of_a_real_run():
     from helpers.memory import measure_memory
     from helpers.mixed_precision import on_fake_tensors
 
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    net = torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)
+    )
     x = torch.randn(8, 16)
 
     def forward():
@@ -165,7 +199,10 @@ def test_fake_tensors_give_the_bytes_and_dtypes_of_a_real_run():
         fake = measure_memory(forward)
     net.zero_grad(set_to_none=True)
     assert real.saved_bytes > 0
-    assert (fake.saved_bytes, fake.peak_activation_bytes) == (real.saved_bytes, real.peak_activation_bytes)
+    assert (fake.saved_bytes, fake.peak_activation_bytes) == (
+        real.saved_bytes,
+        real.peak_activation_bytes,
+    )
     with on_fake_tensors(), DtypeCounter() as counter:
         with torch.autocast("cpu", dtype=torch.bfloat16):
             net(x)
@@ -175,12 +212,14 @@ def test_fake_tensors_give_the_bytes_and_dtypes_of_a_real_run():
 def test_fast_bfloat16_kernels_is_pytorchs_own_answer_and_refuses_an_unknown_device():
     from helpers.mixed_precision import has_fast_bfloat16_kernels
 
-    assert has_fast_bfloat16_kernels("cpu") == torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert (
+        has_fast_bfloat16_kernels("cpu") == torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    )
     with pytest.raises(ValueError, match="'cpu' or 'cuda'"):
         has_fast_bfloat16_kernels("tpu")
 
 
-def test_the_float32_route_computes_a_bfloat16_matmul_rounded_once_and_leaves_float32_alone():
+def test_the_float32_route_rounds_a_bfloat16_matmul_once_and_leaves_float32_alone():
     from helpers.mixed_precision import BFloat16MatmulsOnFloat32Kernels
 
     torch.manual_seed(0)
@@ -188,16 +227,23 @@ def test_the_float32_route_computes_a_bfloat16_matmul_rounded_once_and_leaves_fl
     a16, b16, bias16 = a.bfloat16(), b.bfloat16(), bias.bfloat16()
     with BFloat16MatmulsOnFloat32Kernels() as route:
         product = a16 @ b16
-        with_bias = torch.addmm(bias16, a16, b16, beta=0.5, alpha=2.0)  # beta, alpha: keyword-only
+        # beta, alpha: keyword-only
+        with_bias = torch.addmm(bias16, a16, b16, beta=0.5, alpha=2.0)
         batched = torch.bmm(a16[None], b16[None])
-        batched_with_bias = torch.baddbmm(bias16, a16[None], b16[None], beta=0.5, alpha=2.0)
+        batched_with_bias = torch.baddbmm(
+            bias16, a16[None], b16[None], beta=0.5, alpha=2.0
+        )
         untouched = a @ b  # float32: not the route's business
-        with pytest.raises(RuntimeError, match="same dtype"):  # mixed dtypes: PyTorch's own error
+        # mixed dtypes: PyTorch's own error
+        with pytest.raises(RuntimeError, match="same dtype"):
             a @ b16
     assert route.calls == 4
-    assert product.dtype == with_bias.dtype == batched.dtype == batched_with_bias.dtype == torch.bfloat16
+    assert (product.dtype == with_bias.dtype == batched.dtype == batched_with_bias.dtype
+            == torch.bfloat16)
     assert torch.equal(product, (a16.float() @ b16.float()).bfloat16())
-    expected = torch.addmm(bias16.float(), a16.float(), b16.float(), beta=0.5, alpha=2.0).bfloat16()
+    expected = torch.addmm(
+        bias16.float(), a16.float(), b16.float(), beta=0.5, alpha=2.0
+    ).bfloat16()
     assert torch.equal(with_bias, expected)
     assert torch.equal(batched[0], product)
     assert torch.equal(batched_with_bias[0], expected)
@@ -219,13 +265,15 @@ def test_under_autocast_the_route_trains_like_bfloat16s_own_kernel():
     kernel_out, kernel_grad = step(contextlib.nullcontext())
     route = BFloat16MatmulsOnFloat32Kernels()
     route_out, route_grad = step(route)
-    assert route.calls == 2  # forward addmm, backward mm for the weight's gradient (x needs none)
+    # forward addmm, backward mm for the weight's gradient (x needs none)
+    assert route.calls == 2
     assert route_out.dtype == torch.bfloat16
-    assert (kernel_out == route_out).float().mean() > 0.99  # the rest: the order of the additions
+    # the rest: the order of the additions
+    assert (kernel_out == route_out).float().mean() > 0.99
     assert ((kernel_grad - route_grad).norm() / kernel_grad.norm()) < 0.01
 
 
-def test_the_route_gives_pytorchs_own_kernels_back_after_its_block_even_after_an_error():
+def test_the_route_gives_pytorchs_kernels_back_after_its_block_even_after_an_error():
     from helpers.mixed_precision import BFloat16MatmulsOnFloat32Kernels
 
     a, b = torch.randn(8, 8).bfloat16(), torch.randn(8, 8).bfloat16()
@@ -233,8 +281,9 @@ def test_the_route_gives_pytorchs_own_kernels_back_after_its_block_even_after_an
     with pytest.raises(ZeroDivisionError):
         with route:
             a @ b
-            1 / 0
-    a @ b, torch.baddbmm(a[None], a[None], b[None])  # after the block: PyTorch's kernels, not counted
+            raise ZeroDivisionError("an error inside the block")
+    # after the block: PyTorch's kernels, not counted
+    _ = a @ b, torch.baddbmm(a[None], a[None], b[None])
     assert route.calls == 1
     with route:  # and the same route can be entered again
         a @ b
@@ -269,7 +318,8 @@ def test_a_route_that_fails_to_start_leaves_no_kernel_overridden(monkeypatch):
         route.__enter__()
     monkeypatch.undo()
     a = torch.randn(4, 4).bfloat16()
-    a @ a, torch.addmm(a, a, a)  # mm and addmm were overridden before bmm failed: PyTorch's own again
+    # mm and addmm were overridden before bmm failed: PyTorch's own again
+    a @ a, torch.addmm(a, a, a)
     assert route.calls == 0
     with route:  # and the route is not stuck "in use"
         a @ a
@@ -282,13 +332,16 @@ def test_autocast_rules_are_measured_per_device_type_and_differ_where_the_source
     cpu, cuda = autocast_policy("cpu"), autocast_policy("cuda")
     assert set(cpu) == set(cuda) == set(AUTOCAST_PROBES)
     assert set(cpu.values()) | set(cuda.values()) <= set(POLICIES)
-    for rules in (cpu, cuda):  # on both lists of aten/src/ATen/autocast_mode.cpp, or on neither
+    # on both lists of aten/src/ATen/autocast_mode.cpp, or on neither
+    for rules in (cpu, cuda):
         assert rules["linear, matmul"] == "to bfloat16"
         assert rules["cross-entropy loss"] == "to float32"
         assert rules["GELU"] == rules["embedding"] == "follows its input"
     # on the CUDA float32 list only
-    assert {op: (cpu[op], cuda[op]) for op in ("layer norm", "softmax", "exp, sum")} == {
-        op: ("follows its input", "to float32") for op in ("layer norm", "softmax", "exp, sum")}
+    assert {op: (cpu[op], cuda[op])
+            for op in ("layer norm", "softmax", "exp, sum")} == {
+        op: ("follows its input", "to float32")
+        for op in ("layer norm", "softmax", "exp, sum")}
 
 
 def test_measuring_the_rules_leaves_autocast_as_it_was():
@@ -296,10 +349,13 @@ def test_measuring_the_rules_leaves_autocast_as_it_was():
 
     with torch.autocast("cpu", dtype=torch.float16):
         autocast_policy("cpu")
-        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.float16
-        assert torch.nn.functional.linear(torch.ones(2, 2), torch.ones(2, 2)).dtype == torch.float16
+        assert (torch.is_autocast_enabled("cpu")
+                and torch.get_autocast_dtype("cpu") == torch.float16)
+        assert torch.nn.functional.linear(torch.ones(2, 2),
+                                          torch.ones(2, 2)).dtype == torch.float16
     autocast_policy("cuda")
-    assert not torch.is_autocast_enabled("cuda") and not torch.is_autocast_enabled("cpu")
+    assert (not torch.is_autocast_enabled("cuda")
+            and not torch.is_autocast_enabled("cpu"))
 
 
 def test_the_rules_of_an_unknown_device_type_get_a_clear_error():
@@ -315,9 +371,11 @@ def test_the_bfloat16_kernel_is_named_from_what_pytorch_reports(monkeypatch):
     assert mixed_precision.bfloat16_matmul_kernel("cpu") == (
         "the generic loop" if not mixed_precision.has_fast_bfloat16_kernels("cpu")
         else "AMX" if torch.cpu.get_capabilities().get("amx_bf16")
-        else "oneDNN's AVX512-BF16 kernel" if torch.cpu.get_capabilities().get("avx512_bf16")
+        else "oneDNN's AVX512-BF16 kernel"
+        if torch.cpu.get_capabilities().get("avx512_bf16")
         else "oneDNN's ARM BF16 kernel" if torch.cpu.get_capabilities().get("bf16")
         else "oneDNN's kernel, no bfloat16 multiply instructions")
-    monkeypatch.setattr(mixed_precision, "has_fast_bfloat16_kernels", lambda device_type="cpu": False)
+    monkeypatch.setattr(mixed_precision, "has_fast_bfloat16_kernels",
+                        lambda device_type="cpu": False)
     assert mixed_precision.bfloat16_matmul_kernel("cpu") == "the generic loop"
     assert mixed_precision.bfloat16_matmul_kernel("cuda") == "emulated on this GPU"

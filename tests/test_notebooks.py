@@ -7,7 +7,8 @@ import pytest
 
 from helpers.paths import REPO_ROOT
 
-NOTEBOOKS = sorted(p for p in (REPO_ROOT / "notebooks").rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+NOTEBOOKS = sorted(p for p in (REPO_ROOT / "notebooks").rglob("*.ipynb")
+                   if ".ipynb_checkpoints" not in p.parts)
 MACHINE_PATH = re.compile(r"(/work/|/tmp/|/root/|/home/\w+|/Users/\w+|[A-Z]:\\\\Users)")
 
 
@@ -20,7 +21,8 @@ def expects_error(cell):
 
 
 def execution_problem(notebook):
-    """Why the stored outputs were not made top to bottom in one kernel, or None when they were."""
+    """Why the stored outputs were not made top to bottom in one kernel, or None when
+    they were."""
     counts = [cell["execution_count"] for cell in code_cells(notebook)]
     if None in counts:
         return f"{counts.count(None)} code cell(s) never executed"
@@ -35,14 +37,18 @@ def test_there_are_notebooks():
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: str(p.relative_to(REPO_ROOT)))
 def test_every_code_cell_was_executed_top_to_bottom(path, read_notebook):
-    # nbval compares nothing for a never-executed cell, so an unexecuted cell would pass silently.
+    # nbval compares nothing for a never-executed cell, so an unexecuted cell would pass
+    # silently.
     problem = execution_problem(read_notebook(path))
-    assert problem is None, f"{problem}: run `make execute NB={path.relative_to(REPO_ROOT)}`"
+    assert problem is None, (f"{problem}: run `make execute "
+                             f"NB={path.relative_to(REPO_ROOT)}`")
 
 
 def notebook_with_counts(*counts):
-    cells = [nbformat.v4.new_markdown_cell("# A lesson"), nbformat.v4.new_code_cell("")]  # neither is counted
-    cells += [nbformat.v4.new_code_cell(f"x = {i}", execution_count=count) for i, count in enumerate(counts)]
+    # neither is counted
+    cells = [nbformat.v4.new_markdown_cell("# A lesson"), nbformat.v4.new_code_cell("")]
+    cells += [nbformat.v4.new_code_cell(f"x = {i}", execution_count=count)
+              for i, count in enumerate(counts)]
     return nbformat.v4.new_notebook(cells=cells)
 
 
@@ -51,9 +57,12 @@ def notebook_with_counts(*counts):
     ((1, None, 3), "1 code cell(s) never executed"),
     ((None, None, None), "3 code cell(s) never executed"),
     ((1, 3, 2), "not executed top to bottom"),
-    ((2, 3, 4), "not executed top to bottom"),  # the kernel ran a cell that was deleted since
+    # the kernel ran a cell that was deleted since
+    ((2, 3, 4), "not executed top to bottom"),
 ], ids=["in-order", "one-unexecuted", "none-executed", "out-of-order", "gap"])
-def test_the_execution_guard_catches_unexecuted_and_reordered_notebooks(counts, problem):
+def test_the_execution_guard_catches_unexecuted_and_reordered_notebooks(
+    counts, problem
+):
     found = execution_problem(notebook_with_counts(*counts))
     if problem is None:
         assert found is None
@@ -72,8 +81,11 @@ def test_outputs_hold_no_unexpected_errors_and_no_machine_paths(path, read_noteb
     for cell in code_cells(read_notebook(path)):
         for output in cell.get("outputs", []):
             if output["output_type"] == "error":
-                assert expects_error(cell), f"error output ({output['ename']}) in a cell not tagged raises-exception"
-            text = json.dumps(output.get("text", "")) + json.dumps(output.get("data", {}).get("text/plain", ""))
+                assert expects_error(cell), (f"error output ({output['ename']}) in a "
+                                             "cell not tagged raises-exception")
+            text = json.dumps(output.get("text", "")) + json.dumps(
+                output.get("data", {}).get("text/plain", "")
+            )
             match = MACHINE_PATH.search(text)
             assert not match, f"a machine path in a stored output: {match.group(0)}"
 
@@ -83,4 +95,6 @@ def test_sanitize_file_pairs_are_adjacent():
     lines = (REPO_ROOT / "tests" / "nbval_sanitize.cfg").read_text().splitlines()
     for i, line in enumerate(lines):
         if line.startswith("regex: "):
-            assert i + 1 < len(lines) and lines[i + 1].startswith("replace: "), f"line {i + 1}: regex without replace"
+            assert i + 1 < len(lines) and lines[i + 1].startswith("replace: "), (
+                f"line {i + 1}: regex without replace"
+            )

@@ -1,8 +1,9 @@
-"""The practice checkers (helpers/practice): right answers pass, typical wrong ones get the intended message.
+"""The practice checkers (helpers/practice): right answers pass, typical wrong ones get
+the intended message.
 
-Every exercise has correct variants a learner might write and at least two typical mistakes.
-The notebooks themselves are run by nbval; the last tests check the practice/solution pairs.
-Each lesson's checks are tested in tests/test_practice_0N.py.
+Every exercise has correct variants a learner might write and at least two typical
+mistakes. The notebooks themselves are run by nbval; the last tests check the
+practice/solution pairs. Each lesson's checks are tested in tests/test_practice_0N.py.
 """
 import math
 import warnings
@@ -11,18 +12,27 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
+from practice_support import assert_verdict
 
 from helpers.paths import REPO_ROOT
-from helpers.practice.verdicts import (CHECK_FAILED, CORRECT, WRONG, Wrong, call_learner, checker,
-                                      explaining_warnings, is_unfinished, whole_number)
-from helpers.practice import adamw as l4
-
-from practice_support import assert_verdict
+from helpers.practice import check_adamw as l4
+from helpers.practice.verdicts import (
+    CHECK_FAILED,
+    CORRECT,
+    WRONG,
+    Wrong,
+    call_learner,
+    checker,
+    explaining_warnings,
+    is_unfinished,
+    whole_number,
+)
 
 PRACTICE = REPO_ROOT / "notebooks" / "practice"
 
 
-# --- the shared machinery ---------------------------------------------------------------
+# --- the shared machinery
+# ---------------------------------------------------------------
 
 def unfinished_function(x):
     return ...
@@ -39,9 +49,11 @@ def finished_with_slicing(x):
 
 
 def test_placeholders_are_found_in_values_containers_and_function_sources():
-    assert is_unfinished(...) and is_unfinished({"A": ..., "B": 1}) and is_unfinished([1, ...])
+    assert (is_unfinished(...) and is_unfinished({"A": ..., "B": 1})
+            and is_unfinished([1, ...]))
     assert is_unfinished(unfinished_function) and is_unfinished(unfinished_in_body)
-    assert not is_unfinished(finished_with_slicing) and not is_unfinished({"A": 1}) and not is_unfinished(0)
+    assert (not is_unfinished(finished_with_slicing) and not is_unfinished({"A": 1})
+            and not is_unfinished(0))
 
 
 def test_a_check_that_fails_itself_says_so_where_and_whom_to_tell(capsys):
@@ -51,19 +63,25 @@ def test_a_check_that_fails_itself_says_so_where_and_whom_to_tell(capsys):
 
     check_crashes(42)
     printed = capsys.readouterr().out
-    assert printed.startswith("Exercise 0.1: the check itself failed. This is a bug in the check, not in your answer")
-    assert "KeyError: 'missing key'" in printed and "tests/test_practice.py, line" in printed
+    assert printed.startswith("Exercise 0.1: the check itself failed. This is a bug "
+                              "in the check, not in your answer")
+    assert ("KeyError: 'missing key'" in printed
+            and "tests/test_practice.py, line" in printed)
     assert "report it" in printed and "course maintainers" in printed
-    assert "not quite" not in printed and "Traceback" not in printed and printed.count("\n") == 1
+    assert ("not quite" not in printed and "Traceback" not in printed
+            and printed.count("\n") == 1)
 
 
-def test_a_check_failing_in_code_it_calls_points_at_the_helpers_line_that_called_it(monkeypatch):
+def test_a_check_failing_in_code_it_calls_points_at_the_helpers_line_that_called_it(
+    monkeypatch,
+):
     def broken_weigher(optimizer):  # stands for a library function the check calls
         raise RuntimeError("the state changed shape")
 
     monkeypatch.setattr(l4.optimizer_state, "optimizer_state_size", broken_weigher)
     verdict = l4.check_optimizer_state_size.verdict(lambda optimizer: 0)
-    assert_verdict(verdict, CHECK_FAILED, "RuntimeError: the state changed shape", "helpers/practice/adamw.py, line")
+    assert_verdict(verdict, CHECK_FAILED, "RuntimeError: the state changed shape",
+                   "helpers/practice/check_adamw.py, line")
 
 
 def test_an_exception_in_the_learners_code_is_not_quite_in_one_sentence(capsys):
@@ -76,16 +94,18 @@ def test_an_exception_in_the_learners_code_is_not_quite_in_one_sentence(capsys):
 
     check_calls(answer)
     printed = capsys.readouterr().out
-    assert printed.startswith("Exercise 0.2: not quite. Calling answer raised KeyError: 'b'.")
-    assert "check itself" not in printed and "Traceback" not in printed and printed.count("\n") == 1
+    assert printed.startswith("Exercise 0.2: not quite. Calling answer "
+                              "raised KeyError: 'b'.")
+    assert ("check itself" not in printed and "Traceback" not in printed
+            and printed.count("\n") == 1)
 
 
 def test_a_check_lets_warnings_through_unless_it_explains_them():
     @checker("0.3")
     def check_warns(answer):
         with explaining_warnings("old name") as explained:
-            warnings.warn("the old name is deprecated", FutureWarning)
-            warnings.warn("something else", UserWarning)
+            warnings.warn("the old name is deprecated", FutureWarning, stacklevel=1)
+            warnings.warn("something else", UserWarning, stacklevel=1)
         return f"explained {len(explained)}"
 
     with pytest.warns(UserWarning, match="something else") as shown:
@@ -96,16 +116,28 @@ def test_a_check_lets_warnings_through_unless_it_explains_them():
 def test_explaining_warnings_shows_the_others_even_when_the_block_raises():
     with pytest.warns(UserWarning, match="shown anyway"), pytest.raises(ValueError):
         with explaining_warnings("explained"):
-            warnings.warn("shown anyway", UserWarning)
+            warnings.warn("shown anyway", UserWarning, stacklevel=1)
             raise ValueError
 
 
-@pytest.mark.parametrize("value", [
-    4724744, np.int64(4724744), np.int32(4724744), np.uint64(4724744),  # NumPy's sums and products
-    torch.tensor(4724744), np.array(4724744),  # 0-dimensional integer tensor and array
-    4724744.0, np.float64(4724744.0), torch.tensor(4724744.0, dtype=torch.float64), Fraction(9449488, 2),
-    torch.tensor(4724744.0, dtype=torch.float64, requires_grad=True),  # converted without a warning
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        # NumPy's sums and products
+        4724744,
+        np.int64(4724744),
+        np.int32(4724744),
+        np.uint64(4724744),
+        torch.tensor(4724744),
+        np.array(4724744),  # 0-dimensional integer tensor and array
+        4724744.0,
+        np.float64(4724744.0),
+        torch.tensor(4724744.0, dtype=torch.float64),
+        Fraction(9449488, 2),
+        # converted without a warning
+        torch.tensor(4724744.0, dtype=torch.float64, requires_grad=True),
+    ],
+)
 def test_whole_number_accepts_anything_integral_or_equal_to_an_int(value):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -113,20 +145,27 @@ def test_whole_number_accepts_anything_integral_or_equal_to_an_int(value):
     assert number == 4724744 and type(number) is int
 
 
-@pytest.mark.parametrize("value, said", [
-    (float("nan"), "which is not a number"), (np.float64("nan"), "which is not a number"),
-    (torch.tensor(float("nan")), "which is not a number"),
-    (float("inf"), "which is infinite"), (-math.inf, "which is infinite"), (np.float32("inf"), "which is infinite"),
-    (2.5, "rounds up (math.ceil) or down (//)"), (Fraction(1, 3), "rounds up"),
-    (True, "a truth value"), (np.bool_(False), "a truth value"), (torch.tensor(True), "a truth value"),
-    ("256", "of type str"), (None, "of type NoneType"), ([256], "of type list"), (1 + 0j, "of type complex"),
-    (torch.tensor([256]), "shape (1,)"), (np.array([256, 1]), "shape (2,)"),
-    (torch.empty((), device="meta"), "meta device"), (torch.tensor(1, device="meta"), "meta device"),
-])
+@pytest.mark.parametrize(
+    "value, said",
+    [(float("nan"), "which is not a number"),
+     (np.float64("nan"), "which is not a number"),
+     (torch.tensor(float("nan")), "which is not a number"),
+     (float("inf"), "which is infinite"), (-math.inf, "which is infinite"),
+     (np.float32("inf"), "which is infinite"),
+     (2.5, "rounds up (math.ceil) or down (//)"), (Fraction(1, 3), "rounds up"),
+     (True, "a truth value"), (np.bool_(False), "a truth value"),
+     (torch.tensor(True), "a truth value"), ("256", "of type str"),
+     (None, "of type NoneType"), ([256], "of type list"), (1 + 0j, "of type complex"),
+     (torch.tensor([256]), "shape (1,)"), (np.array([256, 1]), "shape (2,)"),
+     (torch.empty((), device="meta"), "meta device"),
+     (torch.tensor(1, device="meta"), "meta device")],
+)
 def test_whole_number_says_why_anything_else_is_not_one(value, said):
     with pytest.raises(Wrong) as raised:
         whole_number(value, "bytes")
-    assert str(raised.value).startswith("bytes should be a whole number, but it is ") and said in str(raised.value)
+    assert str(raised.value).startswith(
+        "bytes should be a whole number, but it is "
+    ) and said in str(raised.value)
     assert "Hint: " in str(raised.value)
 
 
@@ -135,15 +174,18 @@ def test_a_learners_nan_is_not_quite_never_a_check_that_failed_itself():
     def check_count(answer):
         return f"{whole_number(call_learner(answer), 'count'):,} bytes"
 
-    assert_verdict(check_count.verdict(lambda: float("nan")), WRONG, "which is not a number")
-    assert_verdict(check_count.verdict(lambda: float("-inf")), WRONG, "which is infinite")
+    assert_verdict(check_count.verdict(lambda: float("nan")), WRONG, "which is not a "
+                                                                     "number")
+    assert_verdict(check_count.verdict(lambda: float("-inf")), WRONG, "which is "
+                                                                      "infinite")
     assert_verdict(check_count.verdict(lambda: np.int64(3) * 4), CORRECT, "12 bytes")
 
 
-# --- the notebooks ------------------------------------------------------------------------
+# --- the notebooks
+# ------------------------------------------------------------------------
 
-LESSONS = ["01_gradient_checkpointing", "02_trainer_and_accelerator", "03_local_sgd", "04_adamw",
-           "05_mixed_precision"]
+LESSONS = ["01_gradient_checkpointing", "02_trainer_and_accelerator", "03_local_sgd",
+           "04_adamw", "05_mixed_precision"]
 
 
 @pytest.mark.parametrize("stem", LESSONS)
@@ -157,7 +199,8 @@ def test_practice_and_solution_differ_only_in_the_exercise_cells(stem, read_note
         if "exercise" in tags:
             assert "..." in "".join(p["source"]) and "..." not in "".join(s["source"])
         elif "intro" not in tags:
-            assert p["source"] == s["source"], "a shared cell was edited in only one of the two notebooks"
+            assert p["source"] == s["source"], ("a shared cell was edited in only one "
+                                                "of the two notebooks")
 
 
 def outputs_text(cell):
@@ -165,10 +208,15 @@ def outputs_text(cell):
 
 
 @pytest.mark.parametrize("stem", LESSONS)
-def test_every_check_answers_not_done_in_practice_and_correct_in_solution(stem, read_notebook):
+def test_every_check_answers_not_done_in_practice_and_correct_in_solution(
+    stem, read_notebook
+):
     for kind, status in (("practice", "not done yet"), ("solution", "correct")):
-        checks = [c for c in read_notebook(PRACTICE / f"{stem}_{kind}.ipynb")["cells"]
-                  if c["cell_type"] == "code" and "".join(c["source"]).startswith("check_")]
+        checks = [
+            c
+            for c in read_notebook(PRACTICE / f"{stem}_{kind}.ipynb")["cells"]
+            if c["cell_type"] == "code" and "".join(c["source"]).startswith("check_")
+        ]
         assert len(checks) >= 3
         for cell in checks:
             assert f": {status}." in outputs_text(cell), outputs_text(cell)
@@ -180,4 +228,5 @@ def test_each_lesson_links_to_its_practice_and_the_readme_lists_it(stem, read_no
     lesson = "".join("".join(c["source"]) for c in cells)
     assert f"practice/{stem}_practice.ipynb" in lesson
     readme = (REPO_ROOT / "README.md").read_text()
-    assert f"notebooks/practice/{stem}_practice.ipynb" in readme and f"{stem}_solution.ipynb" in readme
+    assert (f"notebooks/practice/{stem}_practice.ipynb" in readme
+            and f"{stem}_solution.ipynb" in readme)

@@ -1,8 +1,10 @@
-"""Range checks (helpers/ranges.py): a value outside its declared range fails the suite, one inside passes.
+"""Range checks (helpers/ranges.py): a value outside its declared range fails the suite,
+one inside passes.
 
-Two levels: nbval itself run on a small notebook whose stored output came from an in-range value,
-and every range that a lesson declares (its ``EXPECTED = {...}``), fed a value outside it, compared
-with the lesson's stored output the way nbval compares it (after the sanitizer).
+Two levels: nbval itself run on a small notebook whose stored output came from an
+in-range value, and every range that a lesson declares (its ``EXPECTED = {...}``), fed a
+value outside it, compared with the lesson's stored output the way nbval compares it
+(after the sanitizer).
 """
 import ast
 import importlib.util
@@ -13,40 +15,60 @@ import nbformat
 import pytest
 
 from helpers.paths import REPO_ROOT
-from helpers.ranges import OUT_OF_RANGE, in_range, measured_line, print_measured, range_text
+from helpers.ranges import (
+    OUT_OF_RANGE,
+    in_range,
+    measured_line,
+    print_measured,
+    range_text,
+)
 
 SANITIZER = REPO_ROOT / "tests" / "nbval_sanitize.cfg"
-_spec = importlib.util.spec_from_file_location("run_twice", REPO_ROOT / "tools" / "run_twice.py")
-run_twice = importlib.util.module_from_spec(_spec)  # a script of tools/, loaded by its path
+_spec = importlib.util.spec_from_file_location(
+    "run_twice", REPO_ROOT / "tools" / "run_twice.py"
+)
+# a script of tools/, loaded by its path
+run_twice = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(run_twice)
 LESSONS = sorted((REPO_ROOT / "notebooks").glob("0[1-9]_*.ipynb"))
 
 
 def sanitize(text):
-    """Apply tests/nbval_sanitize.cfg's regex/replace pairs, in order, as nbval does (read by
-    tools/run_twice.py, which compares a second run's output the same way)."""
+    """Apply tests/nbval_sanitize.cfg's regex/replace pairs, in order, as nbval does
+    (read by tools/run_twice.py, which compares a second run's output the same way)."""
     return run_twice.sanitize(text, run_twice.sanitizers())
 
 
-@pytest.mark.parametrize("value, low, high, inside", [
-    (0.8, 0.75, 1.0, True), (0.75, 0.75, 1.0, True), (0.7499, 0.75, 1.0, False), (7.8, 7, None, True),
-    (6.9, 7, None, False), (1.2, None, 1.1, False), (float("nan"), 0, 1, False), (True, 0, 1, False)])
+@pytest.mark.parametrize(
+    "value, low, high, inside",
+    [(0.8, 0.75, 1.0, True), (0.75, 0.75, 1.0, True), (0.7499, 0.75, 1.0, False),
+     (7.8, 7, None, True), (6.9, 7, None, False), (1.2, None, 1.1, False),
+     (float("nan"), 0, 1, False), (True, 0, 1, False)],
+)
 def test_in_range(value, low, high, inside):
     assert in_range(value, low, high) is inside
 
 
 def test_lines_say_the_range_and_the_verdict():
-    assert measured_line("accuracy", 0.8333, (0.75, 1.0)) == "accuracy: 0.833  (expected 0.75 to 1): in range"
-    assert measured_line("ratio", 6.5, (7, None), digits=1) == f"ratio: 6.5  (expected >= 7): {OUT_OF_RANGE}"
-    assert measured_line("bytes", 125034448) == "bytes: 125034448"  # exact values are replayed as they are
+    assert measured_line("accuracy", 0.8333, (0.75, 1.0)) == ("accuracy: 0.833  "
+                                                              "(expected 0.75 to 1): "
+                                                              "in range")
+    assert measured_line("ratio", 6.5, (7, None), digits=1) == ("ratio: 6.5  "
+                                                                "(expected >= 7): "
+                                                                f"{OUT_OF_RANGE}")
+    # exact values are replayed as they are
+    assert measured_line("bytes", 125034448) == "bytes: 125034448"
 
 
 def test_the_sanitizer_hides_the_value_and_keeps_the_verdict():
-    inside, other_inside = measured_line("a", 0.81, (0.75, 1.0)), measured_line("a", 0.93, (0.75, 1.0))
+    inside, other_inside = (measured_line("a", 0.81, (0.75, 1.0)),
+                            measured_line("a", 0.93, (0.75, 1.0)))
     outside = measured_line("a", 0.5, (0.75, 1.0))
     assert sanitize(inside) == sanitize(other_inside)
     assert sanitize(inside) != sanitize(outside)
-    assert sanitize(measured_line("a", float("nan"), (0, 1))) == sanitize(measured_line("a", 5.0, (0, 1)))
+    assert sanitize(measured_line("a", float("nan"), (0, 1))) == sanitize(
+        measured_line("a", 5.0, (0, 1))
+    )
 
 
 @pytest.mark.parametrize("bad", [(None, None), (2, 1)])
@@ -61,30 +83,47 @@ def test_a_range_for_a_value_never_measured_is_an_error():
 
 
 def test_print_measured_says_how_many_fell_outside_and_returns_nothing(capsys):
-    assert print_measured({"a": 0.9, "b": 3, "c": 0.1}, {"a": (0.75, 1), "c": (0.5, None)}) is None
+    assert (
+        print_measured({"a": 0.9, "b": 3, "c": 0.1}, {"a": (0.75, 1), "c": (0.5, None)})
+        is None
+    )
     printed = capsys.readouterr().out.splitlines()
-    assert printed[:3] == ["Measured in this lesson", "a: 0.900  (expected 0.75 to 1): in range", "b: 3"]
-    assert printed[3] == f"c: 0.100  (expected >= 0.5): {OUT_OF_RANGE}" and "1 value(s) outside" in printed[4]
+    assert printed[:3] == ["Measured in this lesson", "a: 0.900  (expected 0.75 to "
+                                                      "1): in range", "b: 3"]
+    assert (printed[3] == f"c: 0.100  (expected >= 0.5): {OUT_OF_RANGE}"
+            and "1 value(s) outside" in printed[4])
 
 
 def summary_notebook(value):
     cell = nbformat.v4.new_code_cell(
-        f"from helpers.ranges import print_measured\nprint_measured({{'accuracy': {value}}}, {{'accuracy': (0.75, 1.0)}})")
-    return nbformat.v4.new_notebook(cells=[cell], metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                                                          "language": "python"}})
+        "from helpers.ranges import print_measured\nprint_measured({'accuracy': "
+        f"{value}}}, {{'accuracy': (0.75, 1.0)}})")
+    return nbformat.v4.new_notebook(
+        cells=[cell],
+        metadata={
+            "kernelspec": {"name": "python3", "display_name": "Python 3",
+                           "language": "python"}
+        },
+    )
 
 
 def run_nbval(path):
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval",
-                           "--nbval-current-env", "--nbval-sanitize-with", str(SANITIZER), str(path)],
-                          capture_output=True, text=True, cwd=path.parent, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval",
+         "--nbval-current-env", "--nbval-sanitize-with", str(SANITIZER), str(path)],
+        capture_output=True,
+        text=True,
+        cwd=path.parent,
+        timeout=300,
+    )
 
 
 def test_nbval_passes_another_value_in_range_and_fails_one_outside(tmp_path):
     from nbclient import NotebookClient
 
     stored = summary_notebook(0.81)
-    NotebookClient(stored).execute()  # the stored output, made by executing, as `make execute` does
+    # the stored output, made by executing, as `make execute` does
+    NotebookClient(stored).execute()
     for value, passes in ((0.93, True), (0.5, False)):
         notebook = summary_notebook(value)
         notebook.cells[0].outputs = stored.cells[0].outputs
@@ -96,42 +135,53 @@ def test_nbval_passes_another_value_in_range_and_fails_one_outside(tmp_path):
 
 
 def declared_ranges(lesson):
-    """A lesson's ``EXPECTED = {...}`` (in whichever cell declares it), and its ``print_measured`` cell's stored text.
+    """A lesson's ``EXPECTED = {...}`` (in whichever cell declares it), and its
+    ``print_measured`` cell's stored text.
 
-    A range written as a name, not a literal (lesson 05's ``SPEED_RANGE``, chosen by the machine's kernels and hidden
-    by its own sanitizer), is left out here.
+    A range written as a name, not a literal (lesson 05's ``SPEED_RANGE``, chosen by the
+    machine's kernels and hidden by its own sanitizer), is left out here.
     """
     expected, output = {}, ""
     for cell in nbformat.read(lesson, as_version=4).cells:
-        if cell.cell_type != "code" or "EXPECTED" not in cell.source and "print_measured(" not in cell.source:
+        if (cell.cell_type != "code" or "EXPECTED" not in cell.source
+            and "print_measured(" not in cell.source):
             continue  # the others may hold IPython magics, which are not Python
         for node in ast.walk(ast.parse(cell.source)):
             if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
-                    and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["EXPECTED"]):
+                and [t.id for t in node.targets if isinstance(t, ast.Name)]
+                == ["EXPECTED"]):
                 for key, value in zip(node.value.keys, node.value.values):
                     try:
                         expected[ast.literal_eval(key)] = ast.literal_eval(value)
                     except ValueError:
                         continue
         if "print_measured(" in cell.source:
-            output = "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
+            output = "".join(
+                o.get("text", "") for o in cell.outputs if o.output_type == "stream"
+            )
     return expected, output
 
 
-RANGES = [(lesson, name, bounds) for lesson in LESSONS for name, bounds in declared_ranges(lesson)[0].items()]
+RANGES = [(lesson, name, bounds) for lesson in LESSONS
+          for name, bounds in declared_ranges(lesson)[0].items()]
 
 
 def test_the_lessons_declare_ranges():
     assert len({lesson for lesson, _, _ in RANGES}) >= 3, RANGES
 
 
-@pytest.mark.parametrize("lesson, name, bounds", RANGES, ids=[f"{lesson.stem}-{name}" for lesson, name, _ in RANGES])
-def test_every_declared_range_fails_the_suite_for_a_value_outside_it(lesson, name, bounds):
+@pytest.mark.parametrize("lesson, name, bounds", RANGES,
+                         ids=[f"{lesson.stem}-{name}" for lesson, name, _ in RANGES])
+def test_every_declared_range_fails_the_suite_for_a_value_outside_it(
+    lesson, name, bounds
+):
     _, stored = declared_ranges(lesson)
     stored_lines = sanitize(stored).splitlines()
     low, high = bounds
-    assert sanitize(measured_line(name, low if low is not None else high, bounds)) in stored_lines, \
-        f"{lesson.name} does not show {name} in range: re-run it with `make execute`"
+    assert (
+        sanitize(measured_line(name, low if low is not None else high, bounds))
+        in stored_lines
+    ), f"{lesson.name} does not show {name} in range: re-run it with `make execute`"
     outside = [low - abs(low) * 0.5 - 1 for _ in [0] if low is not None] + \
               [high + abs(high) * 0.5 + 1 for _ in [0] if high is not None]
     for value in outside:
@@ -141,10 +191,12 @@ def test_every_declared_range_fails_the_suite_for_a_value_outside_it(lesson, nam
 def test_the_summary_table_gives_each_value_its_meaning_range_and_verdict():
     from helpers.ranges import summary_table
 
-    table = summary_table({"ratio": 15.64, "accuracy": 0.5, "steps": 252},
-                          {"ratio": (10, None), "accuracy": (0.75, 1.0)},
-                          {"ratio": ("less memory kept", "{:.1f}x"), "accuracy": ("accuracy", "{:.2f}"),
-                           "steps": ("optimizer steps", "{}")}).data.splitlines()
+    table = summary_table(
+        {"ratio": 15.64, "accuracy": 0.5, "steps": 252},
+        {"ratio": (10, None), "accuracy": (0.75, 1.0)},
+        {"ratio": ("less memory kept", "{:.1f}x"), "accuracy": ("accuracy", "{:.2f}"),
+         "steps": ("optimizer steps", "{}")},
+    ).data.splitlines()
     assert table[2] == "| less memory kept | 15.6x | >= 10 | in range |"
     assert table[3] == f"| accuracy | 0.50 | 0.75 to 1 | **{OUT_OF_RANGE}** |"
     assert table[4] == "| optimizer steps | 252 | the same on every CPU | exact |"

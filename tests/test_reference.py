@@ -1,4 +1,5 @@
-"""Lesson 05's reference figures: what tools/record_reference.py reads and writes, and the files it wrote."""
+"""Lesson 05's reference figures: what tools/record_reference.py reads and writes, and
+the files it wrote."""
 import importlib.util
 import json
 
@@ -8,12 +9,15 @@ from helpers.paths import REPO_ROOT
 
 REFERENCE_DIR = REPO_ROOT / "data" / "reference"
 RECORDED = sorted(REFERENCE_DIR.glob("*.json"))
-KEYS = {"device", "device_name", "capability", "bfloat16_kernel", "torch", "python", "date", "figures", "verdicts"}
-PLOTTED = {"bf16_large_matmul_time_ratio", "bf16_step_time_ratio"}  # what the lesson's speed figure reads
+KEYS = {"device", "device_name", "capability", "bfloat16_kernel", "torch", "python",
+        "date", "figures", "verdicts"}
+# what the lesson's speed figure reads
+PLOTTED = {"bf16_large_matmul_time_ratio", "bf16_step_time_ratio"}
 
 
 def load_tool():
-    spec = importlib.util.spec_from_file_location("record_reference", REPO_ROOT / "tools" / "record_reference.py")
+    spec = importlib.util.spec_from_file_location(
+        "record_reference", REPO_ROOT / "tools" / "record_reference.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -24,9 +28,10 @@ def test_the_summary_lines_become_numbers_and_verdicts():
         "bf16_kept_bytes_ratio_small_batch": "0.3957  (expected <= 0.99): in range",
         "bf16_weight_copies_mib": "82.13",
         "float16_zero_share": "5e-05  (expected 0.0001 to 0.01): OUT OF RANGE"})
-    assert values == {"bf16_kept_bytes_ratio_small_batch": 0.3957, "bf16_weight_copies_mib": 82.13,
-                      "float16_zero_share": 5e-05}
-    assert verdicts == {"bf16_kept_bytes_ratio_small_batch": "in range", "bf16_weight_copies_mib": "exact",
+    assert values == {"bf16_kept_bytes_ratio_small_batch": 0.3957,
+                      "bf16_weight_copies_mib": 82.13, "float16_zero_share": 5e-05}
+    assert verdicts == {"bf16_kept_bytes_ratio_small_batch": "in range",
+                        "bf16_weight_copies_mib": "exact",
                         "float16_zero_share": "OUT OF RANGE"}
 
 
@@ -36,7 +41,8 @@ def test_a_summary_line_without_a_number_is_refused():
 
 
 def test_one_file_per_kind_of_machine_named_without_odd_characters():
-    name = load_tool().file_name({"device_name": "NVIDIA H200", "bfloat16_kernel": "a GPU's tensor cores"})
+    name = load_tool().file_name({"device_name": "NVIDIA H200",
+                                  "bfloat16_kernel": "a GPU's tensor cores"})
     assert name == "nvidia-h200-a-gpu-s-tensor-cores.json"
 
 
@@ -57,6 +63,8 @@ def test_each_recorded_machine_says_what_it_was_and_holds_the_plotted_figures(pa
     record = json.loads(path.read_text())
     assert KEYS <= set(record), f"{path.name} lacks {sorted(KEYS - set(record))}"
     assert record["device"] in ("cpu", "cuda")
-    assert PLOTTED <= set(record["figures"]), f"{path.name} lacks {sorted(PLOTTED - set(record['figures']))}"
-    assert all(value > 0 for name, value in record["figures"].items() if name in PLOTTED)
+    assert PLOTTED <= set(record["figures"]), (
+        f"{path.name} lacks {sorted(PLOTTED - set(record['figures']))}")
+    assert all(value > 0 for name, value in record["figures"].items()
+               if name in PLOTTED)
     assert path.name == load_tool().file_name(record)

@@ -1,29 +1,33 @@
-"""Instructor mode: slide metadata, the static decks measured slide by slide in headless Chromium,
-the live RISE deck in JupyterLab, and the PDF handout.
+"""Instructor mode: slide metadata, the static decks measured slide by slide in headless
+Chromium, the live RISE deck in JupyterLab, and the PDF handout.
 
-The rules every lesson deck follows (lessons 01 to 04, and any `notebooks/0N_*.ipynb` added later:
-tools/build_slides.py picks it up), each checked below:
+The rules every lesson deck follows (lessons 01 to 04, and any `notebooks/0N_*.ipynb`
+added later: tools/build_slides.py picks it up), each checked below:
 
-1. Every cell has `metadata.slideshow.slide_type`: `slide`, `subslide`, `fragment`, `-` (stays on
-   the slide above), `notes` (speaker notes) or `skip` (not in the deck). The title cell is a
-   `slide`; the first code cell (imports, settings) is `skip`, and so is other bookkeeping code
-   (a helper the slide does not discuss). A skipped cell still runs in the notebook.
-2. A slide fits a 1280 x 720 screen (a 16:9 projector): in the static deck, reveal.js's slide box
-   is 1280 x 720 CSS px (drawn at 96 % of the window) and a slide's content is no taller. About 25
-   lines of code or printed text fit under a title, or a figure and 5 lines. A long section becomes
-   sub-slides (`subslide`; a long Markdown cell is split where its topic changes) or fragments; a
-   measuring cell whose code is long but whose result is the point keeps its code in the notebook
-   and shows only its output on the slide (cell tag `slide-output-only`).
+1. Every cell has `metadata.slideshow.slide_type`: `slide`, `subslide`, `fragment`, `-`
+   (stays on the slide above), `notes` (speaker notes) or `skip` (not in the deck). The
+   title cell is a `slide`; the first code cell (imports, settings) is `skip`, and so is
+   other bookkeeping code (a helper the slide does not discuss). A skipped cell still
+   runs in the notebook.
+2. A slide fits a 1280 x 720 screen (a 16:9 projector): in the static deck, reveal.js's
+   slide box is 1280 x 720 CSS px (drawn at 96 % of the window) and a slide's content is
+   no taller. About 25 lines of code or printed text fit under a title, or a figure and
+   5 lines. A long section becomes sub-slides (`subslide`; a long Markdown cell is split
+   where its topic changes) or fragments; a measuring cell whose code is long but whose
+   result is the point keeps its code in the notebook and shows only its output on the
+   slide (cell tag `slide-output-only`).
 3. A slide that must scroll says why, on the cell that opens it:
-   `"slideshow": {"slide_type": "subslide", "scrolls": "<why>"}`. At most 10 % of all the slides,
-   and none taller than two screens (1440 px).
-4. Nothing is cut at the right edge: the decks wrap a line rather than cut it, code lines are at
-   most 88 characters so that they never wrap, and a printed table (columns separated by " | ")
-   fits the slide's width unwrapped (about 105 characters); other printed text may wrap.
-5. A figure is at least 60 % of the slide's width (unless two sit side by side in one output);
-   tools/build_slides.py sizes the figures.
-6. The notebook's metadata has `"rise": {"scroll": true, "theme": "white"}`: the live deck (RISE)
-   takes the static decks' theme, and scrolls a slide too long for the window instead of cutting it.
+   `"slideshow": {"slide_type": "subslide", "scrolls": "<why>"}`. At most 10 % of all
+   the slides, and none taller than two screens (1440 px).
+4. Nothing is cut at the right edge: the decks wrap a line rather than cut it, code
+   lines are at most 88 characters so that they never wrap, and a printed table (columns
+   separated by " | ") fits the slide's width unwrapped (about 105 characters); other
+   printed text may wrap.
+5. A figure is at least 60 % of the slide's width (unless two sit side by side in one
+   output); tools/build_slides.py sizes the figures.
+6. The notebook's metadata has `"rise": {"scroll": true, "theme": "white"}`: the live
+   deck (RISE) takes the static decks' theme, and scrolls a slide too long for the
+   window instead of cutting it.
 7. The practice notebooks are not decks: no `slide`, `subslide` or `fragment` in them.
 """
 import base64
@@ -40,13 +44,17 @@ import urllib.request
 from collections import Counter
 
 import pytest
+from chromium import Chromium, find_chromium
 
 from helpers.paths import REPO_ROOT
 
 
 def load_tool(name):
-    """A script of tools/ (a folder of scripts, not a package on the import path), loaded by its path."""
-    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "tools" / f"{name}.py")
+    """A script of tools/ (a folder of scripts, not a package on the import path),
+    loaded by its path."""
+    spec = importlib.util.spec_from_file_location(
+        name, REPO_ROOT / "tools" / f"{name}.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -58,7 +66,8 @@ PRACTICE = sorted((REPO_ROOT / "notebooks" / "practice").glob("*.ipynb"))
 SLIDE_TYPES = {"slide", "subslide", "fragment", "skip", "notes", "-"}
 MAX_LINE = 88  # characters of a code line (rule 4)
 MAX_SCROLLING_SHARE = 0.10  # of all slides, at most (rule 3)
-MAX_SCROLLING_SCREENS = 2  # a slide that scrolls is at most this many screens tall (rule 3)
+# a slide that scrolls is at most this many screens tall (rule 3)
+MAX_SCROLLING_SCREENS = 2
 MIN_FIGURE_WIDTH = 0.60  # of the slide's width (rule 5)
 
 
@@ -67,22 +76,29 @@ def slide_type(cell):
 
 
 def slide_openers(notebook):
-    """The cells that open each slide of the deck, in order (as nbconvert's reveal exporter nests them)."""
+    """The cells that open each slide of the deck, in order (as nbconvert's reveal
+    exporter nests them)."""
     cells = notebook["cells"]
-    first = next(i for i, cell in enumerate(cells) if slide_type(cell) not in {"notes", "skip"})
-    return [cells[first]] + [cell for cell in cells[first + 1:] if slide_type(cell) in {"slide", "subslide"}]
+    first = next(
+        i for i, cell in enumerate(cells) if slide_type(cell) not in {"notes", "skip"}
+    )
+    return [cells[first]] + [
+        cell for cell in cells[first + 1 :] if slide_type(cell) in {"slide", "subslide"}
+    ]
 
 
 def source_lines(cell):
     return "".join(cell["source"]).splitlines()
 
 
-# --- The metadata, read from the notebooks -------------------------------------------------------
+# --- The metadata, read from the notebooks
+# -------------------------------------------------------
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)
 def test_every_cell_has_slide_metadata(lesson, read_notebook):
     types = [slide_type(cell) for cell in read_notebook(lesson)["cells"]]
-    assert set(types) <= SLIDE_TYPES, f"unknown or missing slide types: {set(types) - SLIDE_TYPES}"
+    assert set(types) <= SLIDE_TYPES, ("unknown or missing slide types: "
+                                       f"{set(types) - SLIDE_TYPES}")
     assert types[0] == "slide", "the title cell opens the deck"
     counts = Counter(types)
     assert counts["fragment"] >= 1 and counts["notes"] >= 1 and counts["skip"] >= 1
@@ -90,33 +106,46 @@ def test_every_cell_has_slide_metadata(lesson, read_notebook):
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)
 def test_set_up_code_is_skipped(lesson, read_notebook):
-    first_code = next(cell for cell in read_notebook(lesson)["cells"] if cell["cell_type"] == "code")
+    first_code = next(
+        cell for cell in read_notebook(lesson)["cells"] if cell["cell_type"] == "code"
+    )
     assert slide_type(first_code) == "skip"
 
 
 def test_the_a_plus_b_bullets_are_revealed_one_at_a_time(read_notebook):
-    # each bullet of the slide's A + B = C example is a fragment, or opens a sub-slide of its own
-    # (its measurement comes with it, and a slide holds only so much code)
+    # each bullet of the slide's A + B = C example is a fragment, or opens a sub-slide
+    # of its own (its measurement comes with it, and a slide holds only so much code)
     lesson = next(p for p in LESSONS if p.stem.startswith("01_"))
-    bullets = ["**Compute A + B = C", "**A and B are not needed", "**Should we keep A and B",
-               "**Without checkpointing", "**With checkpointing", "**If recomputing B is expensive"]
-    sources = {"".join(cell["source"]): slide_type(cell) for cell in read_notebook(lesson)["cells"]}
+    bullets = ["**Compute A + B = C", "**A and B are not needed", "**Should we keep A "
+                                                                  "and B",
+               "**Without checkpointing", "**With checkpointing", "**If recomputing B "
+                                                                  "is expensive"]
+    sources = {"".join(cell["source"]): slide_type(cell)
+               for cell in read_notebook(lesson)["cells"]}
     for bullet in bullets:
-        matching = [kind for source, kind in sources.items() if source.startswith(bullet)]
+        matching = [
+            kind for source, kind in sources.items() if source.startswith(bullet)
+        ]
         assert len(matching) == 1 and matching[0] in {"fragment", "subslide"}, bullet
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)
 def test_code_lines_are_short_enough_for_a_slide(lesson, read_notebook):
     long_lines = [f"cell {index} ({len(line)}): {line}"
-                  for index, cell in enumerate(read_notebook(lesson)["cells"]) if cell["cell_type"] == "code"
-                  for line in source_lines(cell) if len(line) > MAX_LINE]
-    assert not long_lines, f"code lines over {MAX_LINE} characters:\n" + "\n".join(long_lines)
+                  for index, cell in enumerate(read_notebook(lesson)["cells"])
+                  if cell["cell_type"] == "code" for line in source_lines(cell)
+                  if len(line) > MAX_LINE]
+    assert not long_lines, f"code lines over {MAX_LINE} characters:\n" + "\n".join(
+        long_lines
+    )
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)
-def test_the_live_deck_uses_the_static_decks_theme_and_scrolls_a_long_slide(lesson, read_notebook):
-    assert read_notebook(lesson)["metadata"].get("rise") == {"scroll": True, "theme": "white"}
+def test_the_live_deck_uses_the_static_decks_theme_and_scrolls_a_long_slide(
+    lesson, read_notebook
+):
+    assert read_notebook(lesson)["metadata"].get("rise") == {"scroll": True,
+                                                             "theme": "white"}
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)
@@ -126,35 +155,49 @@ def test_a_scrolling_slide_says_why(lesson, read_notebook):
     for index, cell in enumerate(notebook["cells"]):
         reason = cell.get("metadata", {}).get("slideshow", {}).get("scrolls")
         if reason is not None:
-            assert id(cell) in openers, f"cell {index}: `scrolls` belongs on the cell that opens a slide"
-            assert isinstance(reason, str) and len(reason.split()) >= 4, f"cell {index}: say why it scrolls"
+            assert id(cell) in openers, (f"cell {index}: `scrolls` belongs on the "
+                                         "cell that opens a slide")
+            assert isinstance(reason, str) and len(reason.split()) >= 4, (
+                f"cell {index}: say why it scrolls"
+            )
 
 
-UNDER_THE_HOOD = re.compile(r"<details><summary>Under the hood: [^<]+</summary>\n\n.+\n</details>", re.S)
+UNDER_THE_HOOD = re.compile(r"<details><summary>Under the hood: "
+                            r"[^<]+</summary>\n\n.+\n</details>", re.S)
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)
 def test_under_the_hood_blocks_are_collapsed_speaker_notes(lesson, read_notebook):
-    # STYLE.md rule 15: a notes cell, collapsed in JupyterLab (no `open`), a blank line after the
-    # summary so that JupyterLab renders the Markdown inside; the decks open it (build_slides)
+    # STYLE.md rule 15: a notes cell, collapsed in JupyterLab (no `open`), a blank line
+    # after the summary so that JupyterLab renders the Markdown inside; the decks open
+    # it (build_slides)
     for index, cell in enumerate(read_notebook(lesson)["cells"]):
         source = "".join(cell["source"])
         if "<details" in source:
-            assert slide_type(cell) == "notes", f"cell {index}: an Under the hood block is a notes cell"
-            assert UNDER_THE_HOOD.fullmatch(source.strip()), f"cell {index}: {source[:80]!r}"
+            assert slide_type(cell) == "notes", (f"cell {index}: an Under the hood "
+                                                 "block is a notes cell")
+            assert UNDER_THE_HOOD.fullmatch(source.strip()), (f"cell {index}: "
+                                                              f"{source[:80]!r}")
 
 
 READABILITY = REPO_ROOT.parent / "shared" / "tools" / "readability.py"
-ON_THE_LEARNERS_PATH = ["01", "02", "03", "04", "05"]  # on the learner's path (issues 26, 27, 28)
+# on the learner's path (issues 26, 27, 28)
+ON_THE_LEARNERS_PATH = ["01", "02", "03", "04", "05"]
 
 
 def test_lessons_on_the_learners_path_meet_the_readability_goals():
-    # STYLE.md rules 14-18, measured by the shared tool: screens, words per screen, no source paths
-    # or private names on slides, short markdown cells, each concept slide showing its figure
+    # STYLE.md rules 14-18, measured by the shared tool: screens, words per screen, no
+    # source paths or private names on slides, short markdown cells, each concept slide
+    # showing its figure
     if not READABILITY.exists():
-        pytest.skip(f"{READABILITY} is not beside the repository (CI and developers have ../shared)")
-    result = subprocess.run([sys.executable, str(READABILITY), "--check", *ON_THE_LEARNERS_PATH],
-                            cwd=REPO_ROOT, capture_output=True, text=True)
+        pytest.skip(f"{READABILITY} is not beside the repository (CI and developers "
+                    "have ../shared)")
+    result = subprocess.run(
+        [sys.executable, str(READABILITY), "--check", *ON_THE_LEARNERS_PATH],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -165,7 +208,8 @@ def test_the_practice_notebooks_are_not_decks(read_notebook):
         assert not types & {"slide", "subslide", "fragment"}, path.name
 
 
-# --- The static decks ----------------------------------------------------------------------------
+# --- The static decks
+# ----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def decks():
@@ -173,18 +217,24 @@ def decks():
     if shutil.which("npm") is None and not (SLIDES_DIR / "reveal.js").exists():
         pytest.skip("npm is needed once to fetch reveal.js for the offline decks")
     build_slides.install_assets()
-    return dict(zip(LESSONS, build_slides.render(*LESSONS)))  # every deck rendered once, by one nbconvert
+    # every deck rendered once, by one nbconvert
+    return dict(zip(LESSONS, build_slides.render(*LESSONS)))
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)
-def test_each_lesson_renders_with_the_expected_number_of_slides(decks, lesson, read_notebook):
+def test_each_lesson_renders_with_the_expected_number_of_slides(
+    decks, lesson, read_notebook
+):
     html = decks[lesson].read_text()
     counts = Counter(slide_type(cell) for cell in read_notebook(lesson)["cells"])
     # nbconvert nests a section per subslide inside a section per slide
     assert html.count("<section") == 2 * counts["slide"] + counts["subslide"]
-    assert "data:image/png;base64" in html  # figures embedded: no kernel, no files needed
-    assert "<details>" not in html  # Under the hood blocks are open in the speaker notes
-    assert not re.search(r"""(src|href)=["']https?://|from ["']https?://""", html)  # nothing fetched
+    # figures embedded: no kernel, no files needed
+    assert "data:image/png;base64" in html
+    # Under the hood blocks are open in the speaker notes
+    assert "<details>" not in html
+    # nothing fetched
+    assert not re.search(r"""(src|href)=["']https?://|from ["']https?://""", html)
 
 
 def test_rise_extension_is_installed_and_enabled():
@@ -196,9 +246,11 @@ def test_rise_extension_is_installed_and_enabled():
 
 @pytest.fixture(scope="module")
 def browser():
-    if handout.find_chromium() is None:
-        pytest.skip("Chromium is not installed (Debian: apt-get install chromium); the deck tests need a browser")
-    with handout.Chromium() as page:  # one browser for every deck, the live deck and the handouts
+    if find_chromium() is None:
+        pytest.skip("Chromium is not installed (Debian: apt-get install chromium); "
+                    "the deck tests need a browser")
+    # one browser for every deck, the live deck and the handouts
+    with Chromium() as page:
         yield page
 
 
@@ -206,18 +258,24 @@ TITLE_CHECK = """(() => {
   const title = document.querySelector('.reveal .slides section.present h1');
   if (!title) return null;
   const box = title.getBoundingClientRect(), style = getComputedStyle(title);
-  return {text: title.innerText, visible: box.width > 0 && box.height > 0 && box.top < innerHeight
-          && box.bottom > 0 && style.visibility !== 'hidden' && style.display !== 'none'};
+  return {text: title.innerText,
+          visible: box.width > 0 && box.height > 0 && box.top < innerHeight
+                   && box.bottom > 0 && style.visibility !== 'hidden'
+                   && style.display !== 'none'};
 })()"""
 
-# Every slide shown in turn (no transition), measured in CSS px of the slide (scale 1) and on the screen.
+# Every slide shown in turn (no transition), measured in CSS px of the slide (scale 1)
+# and on the screen.
 MEASURE_SLIDES = """(() => {
-  const Reveal = require('reveal.js/dist/reveal.js');  // the decks load reveal.js with RequireJS
+  // the decks load reveal.js with RequireJS
+  const Reveal = require('reveal.js/dist/reveal.js');
   Reveal.configure({transition: 'none', backgroundTransition: 'none'});
   const scale = Reveal.getScale(), config = Reveal.getConfig(), slides = [];
-  const blocks = 'pre, table, .jp-OutputArea-output, .jp-InputArea-editor, .jp-RenderedHTMLCommon';
+  const blocks = ('pre, table, .jp-OutputArea-output, .jp-InputArea-editor, '
+                  + '.jp-RenderedHTMLCommon');
   const ruler = document.createElement('canvas').getContext('2d');
-  const widest = text => text.split('\\n').reduce((a, b) => (b.length > a.length ? b : a), '').trim();
+  const widest = text => text.split('\\n')
+    .reduce((a, b) => (b.length > a.length ? b : a), '').trim();
   Reveal.getHorizontalSlides().forEach((horizontal, h) => {
     const stack = Array.from(horizontal.querySelectorAll(':scope > section'));
     (stack.length ? stack : [horizontal]).forEach((slide, v) => {
@@ -229,28 +287,36 @@ MEASURE_SLIDES = """(() => {
         if (element.closest('aside.notes')) continue;
         const box = element.getBoundingClientRect();
         if (box.width === 0) continue;
-        // text hidden inside its block (clipped, or behind a scroll bar), or the block past the slide's edge
-        const hidden = element.tagName === 'PRE' ? element.scrollWidth - element.clientWidth : 0;
+        // text hidden inside its block (clipped, or behind a scroll bar), or the
+        // block past the slide's edge
+        const hidden = (element.tagName === 'PRE'
+                        ? element.scrollWidth - element.clientWidth : 0);
         const beyond = (box.right - frame.right) / scale;
         if (Math.max(hidden, beyond) > 1)
-          cut.push({by: Math.round(Math.max(hidden, beyond)), text: widest(element.textContent).slice(0, 100)});
+          cut.push({by: Math.round(Math.max(hidden, beyond)),
+                    text: widest(element.textContent).slice(0, 100)});
       }
-      let top = Infinity, bottom = -Infinity;  // on the screen: what the audience sees of the slide
+      // on the screen: what the audience sees of the slide
+      let top = Infinity, bottom = -Infinity;
       for (const child of slide.children) {
         const box = child.getBoundingClientRect();
         if (child.tagName === 'ASIDE' || box.height === 0) continue;
         top = Math.min(top, box.top);
         bottom = Math.max(bottom, box.bottom);
       }
-      const wrapped = [];  // lines of code or printed text too long for their block's width
+      // lines of code or printed text too long for their block's width
+      const wrapped = [];
       for (const pre of slide.querySelectorAll('pre')) {
-        if (pre.closest('aside.notes') || pre.getBoundingClientRect().width === 0) continue;
+        if (pre.closest('aside.notes') || pre.getBoundingClientRect().width === 0)
+          continue;
         const style = getComputedStyle(pre);
         ruler.font = `${style.fontWeight} ${style.fontSize} ${style.fontFamily}`;
-        const room = pre.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+        const room = (pre.clientWidth - parseFloat(style.paddingLeft)
+                      - parseFloat(style.paddingRight));
         const kind = pre.closest('.jp-InputArea') ? 'code' : 'printed';
         for (const line of pre.textContent.split('\\n'))
-          if (ruler.measureText(line).width > room + 0.5) wrapped.push({kind, text: line.slice(0, 120)});
+          if (ruler.measureText(line).width > room + 0.5)
+            wrapped.push({kind, text: line.slice(0, 120)});
       }
       for (const image of slide.querySelectorAll('img')) {
         if (image.closest('aside.notes')) continue;
@@ -258,26 +324,32 @@ MEASURE_SLIDES = """(() => {
         figures.push({share: image.getBoundingClientRect().width / frame.width,
                       beside: output.querySelectorAll('img').length - 1});
       }
-      slides.push({h, v, title: (heading || slide).innerText.trim().split('\\n')[0].slice(0, 70),
-                   height: slide.scrollHeight, screen_height: Math.round(slide.scrollHeight * scale),
+      slides.push({h, v,
+                   title: (heading || slide).innerText.trim().split('\\n')[0]
+                          .slice(0, 70),
+                   height: slide.scrollHeight,
+                   screen_height: Math.round(slide.scrollHeight * scale),
                    top: Math.round(top), bottom: Math.round(bottom),
-                   // turned into a scroll box (nbconvert's reveal_scroll): the rest is hidden below
+                   // turned into a scroll box (nbconvert's reveal_scroll): the rest is
+                   // hidden below
                    scroll_box: getComputedStyle(slide).overflowY !== 'visible'
                                && slide.scrollHeight > slide.clientHeight + 1,
                    cut, wrapped, figures});
     });
   });
   Reveal.slide(0, 0);
-  return {scale, box: {width: config.width, height: config.height}, window: [innerWidth, innerHeight],
-          slides};
+  return {scale, box: {width: config.width, height: config.height},
+          window: [innerWidth, innerHeight], slides};
 })()"""
 
 
 @pytest.fixture(scope="module")
 def measured(decks, browser, read_notebook):
-    """Each deck opened at 1280 x 720: its title slide, every slide measured, and the page's errors.
+    """Each deck opened at 1280 x 720: its title slide, every slide measured, and the
+    page's errors.
 
-    The figures also land in build/slides/fit.json, and a screenshot of each title slide beside it.
+    The figures also land in build/slides/fit.json, and a screenshot of each title slide
+    beside it.
     """
     results = {}
     for lesson, deck in decks.items():
@@ -285,14 +357,20 @@ def measured(decks, browser, read_notebook):
         browser.open(deck.as_uri(), ready="!!document.querySelector('.reveal.ready')")
         title = browser.evaluate(TITLE_CHECK)
         screenshot = browser.call("Page.captureScreenshot", format="png")["data"]
-        (SLIDES_DIR / f"{lesson.stem}.title.png").write_bytes(base64.b64decode(screenshot))
+        (SLIDES_DIR / f"{lesson.stem}.title.png").write_bytes(
+            base64.b64decode(screenshot)
+        )
         fit = browser.evaluate(MEASURE_SLIDES)
         openers = slide_openers(read_notebook(lesson))
         assert len(openers) == len(fit["slides"]), "one opening cell per slide"
         for slide, cell in zip(fit["slides"], openers):
-            slide["scrolls"] = cell.get("metadata", {}).get("slideshow", {}).get("scrolls")
+            slide["scrolls"] = (
+                cell.get("metadata", {}).get("slideshow", {}).get("scrolls")
+            )
         results[lesson] = {"title": title, "errors": browser.errors(), **fit}
-    (SLIDES_DIR / "fit.json").write_text(json.dumps({p.stem: r for p, r in results.items()}, indent=1))
+    (SLIDES_DIR / "fit.json").write_text(
+        json.dumps({p.stem: r for p, r in results.items()}, indent=1)
+    )
     return results
 
 
@@ -301,12 +379,17 @@ def describe(slide):
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)
-def test_deck_opens_in_a_browser_with_a_visible_title_and_no_script_errors(measured, lesson, read_notebook):
+def test_deck_opens_in_a_browser_with_a_visible_title_and_no_script_errors(
+    measured, lesson, read_notebook
+):
     title = measured[lesson]["title"]
     assert title is not None, "reveal.js did not start, or the first slide has no title"
-    heading = "".join(read_notebook(lesson)["cells"][0]["source"]).splitlines()[0].lstrip("# ")
-    assert title["visible"] and title["text"].lower() == heading.lower(), title  # the theme upper-cases it
-    assert measured[lesson]["errors"] == []  # page errors while loading and while visiting every slide
+    heading = ("".join(read_notebook(lesson)["cells"][0]["source"]) .splitlines()[0]
+               .lstrip("# "))
+    # the theme upper-cases it
+    assert title["visible"] and title["text"].lower() == heading.lower(), title
+    # page errors while loading and while visiting every slide
+    assert measured[lesson]["errors"] == []
 
 
 def test_the_decks_are_laid_out_for_a_16_by_9_screen(measured):
@@ -316,16 +399,21 @@ def test_the_decks_are_laid_out_for_a_16_by_9_screen(measured):
 
 
 def height_problems(fit):
-    """What is wrong with the heights of one deck's measured slides (rules 2 and 3), in words."""
+    """What is wrong with the heights of one deck's measured slides (rules 2 and 3), in
+    words."""
     screen_height, box_height = fit["window"][1], fit["box"]["height"]
     too_tall = [slide for slide in fit["slides"] if slide["height"] > box_height
-                or slide["top"] < 0 or slide["bottom"] > screen_height or slide["scroll_box"]]
-    problems = [f"{describe(s)}: {s['screen_height']} px, shown from {s['top']} to {s['bottom']} px on a "
-                f"{screen_height} px screen{', in a scroll box' * s['scroll_box']}: split it, or say why it scrolls"
+                or slide["top"] < 0 or slide["bottom"] > screen_height
+                or slide["scroll_box"]]
+    problems = [f"{describe(s)}: {s['screen_height']} px, shown from {s['top']} to "
+                f"{s['bottom']} px on a "
+                f"{screen_height} px screen{', in a scroll box' * s['scroll_box']}: "
+                "split it, or say why it scrolls"
                 for s in too_tall if not s["scrolls"]]
     problems += [f"{describe(s)} fits now: remove its `scrolls` reason"
                  for s in fit["slides"] if s["scrolls"] and s not in too_tall]
-    problems += [f"{describe(s)}: {s['screen_height']} px, over {MAX_SCROLLING_SCREENS} screens even with a reason"
+    problems += [f"{describe(s)}: {s['screen_height']} px, over "
+                 f"{MAX_SCROLLING_SCREENS} screens even with a reason"
                  for s in too_tall if s["height"] > MAX_SCROLLING_SCREENS * box_height]
     return problems
 
@@ -338,17 +426,23 @@ def test_every_slide_fits_the_screen_or_says_why_it_scrolls(measured, lesson):
 
 def test_the_height_rules_catch_what_they_should():
     def slide(height, scrolls=None, **shown):
-        return {"h": 1, "v": 0, "title": "t", "height": height, "screen_height": round(height * 0.96),
-                "top": shown.get("top", 10), "bottom": shown.get("bottom", 10 + round(height * 0.96)),
+        return {"h": 1, "v": 0, "title": "t", "height": height,
+                "screen_height": round(height * 0.96), "top": shown.get("top", 10),
+                "bottom": shown.get("bottom", 10 + round(height * 0.96)),
                 "scroll_box": shown.get("scroll_box", False), "scrolls": scrolls}
     def problems(*slides):
-        return height_problems({"window": [1280, 720], "box": {"width": 1280, "height": 720}, "slides": slides})
+        return height_problems(
+            {"window": [1280, 720], "box": {"width": 1280, "height": 720},
+             "slides": slides}
+        )
     reason = "a table the audience reads row by row"
     assert problems(slide(700)) == []
     assert problems(slide(1000, scrolls=reason)) == []
     assert "say why it scrolls" in problems(slide(721))[0]
-    assert "say why it scrolls" in problems(slide(700, scroll_box=True))[0]  # nbconvert's scroll box
-    assert "say why it scrolls" in problems(slide(700, bottom=725))[0]  # shifted down, cut
+    # nbconvert's scroll box
+    assert "say why it scrolls" in problems(slide(700, scroll_box=True))[0]
+    # shifted down, cut
+    assert "say why it scrolls" in problems(slide(700, bottom=725))[0]
     assert "remove its `scrolls` reason" in problems(slide(700, scrolls=reason))[0]
     assert "over 2 screens" in problems(slide(1441, scrolls=reason))[0]
 
@@ -368,8 +462,9 @@ def test_no_code_or_output_is_cut_at_the_right_edge(measured, lesson):
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)
 def test_no_code_line_and_no_printed_table_row_wraps(measured, lesson):
-    # code and printed text wrap rather than run off the slide; a code line of at most 88 characters,
-    # or a row of a printed table (columns separated by " | "), must not need to
+    # code and printed text wrap rather than run off the slide; a code line of at most
+    # 88 characters, or a row of a printed table (columns separated by " | "), must not
+    # need to
     wrapped = [f"{describe(slide)}: {line['kind']}: {line['text']!r}"
                for slide in measured[lesson]["slides"] for line in slide["wrapped"]
                if line["kind"] == "code" or " | " in line["text"]]
@@ -384,10 +479,12 @@ def test_figures_are_big_enough_to_read_from_the_back_of_the_room(measured, less
     assert not small, small
 
 
-# --- The PDF handout ------------------------------------------------------------------------------
+# --- The PDF handout
+# ------------------------------------------------------------------------------
 
-def test_the_handout_has_one_page_per_slide_with_the_speaker_notes(decks, browser, measured, read_notebook,
-                                                                   tmp_path):
+def test_the_handout_has_one_page_per_slide_with_the_speaker_notes(
+    decks, browser, measured, read_notebook, tmp_path
+):
     for lesson, deck in decks.items():
         pdf = tmp_path / f"{lesson.stem}.pdf"
         browser.events.clear()
@@ -395,8 +492,10 @@ def test_the_handout_has_one_page_per_slide_with_the_speaker_notes(decks, browse
         assert slides == len(measured[lesson]["slides"])
         assert handout.pdf_page_count(pdf.read_bytes()) == slides, lesson.stem
         notebook = read_notebook(lesson)
-        slides_with_notes = [opener for opener in slide_openers(notebook) if opener_has_notes(notebook, opener)]
-        assert notes == len(slides_with_notes) > 0, lesson.stem  # printed at the foot of their slide
+        slides_with_notes = [opener for opener in slide_openers(notebook)
+                             if opener_has_notes(notebook, opener)]
+        # printed at the foot of their slide
+        assert notes == len(slides_with_notes) > 0, lesson.stem
         assert browser.errors() == []
 
 
@@ -421,45 +520,58 @@ def test_the_pdf_page_counter_reads_a_page_tree():
         handout.pdf_page_count(b"not a pdf")
 
 
-# --- The live deck: RISE in JupyterLab ------------------------------------------------------------
+# --- The live deck: RISE in JupyterLab
+# ------------------------------------------------------------
 
-# What RISE's own page logs with any notebook (jupyterlab-rise 0.43.1, checked on a notebook without
-# the course's metadata too): the widget manager of ipywidgets 8 does not load there
-# (https://github.com/jupyterlab-contrib/rise/issues/119: the slides render, widgets do not); its
-# web components report a recursion in their change notifications; and it links optional style
-# sheets, rise.css and <notebook>.css, beside the notebook, which the course does not have.
+# What RISE's own page logs with any notebook (jupyterlab-rise 0.43.1, checked on a
+# notebook without the course's metadata too): the widget manager of ipywidgets 8 does
+# not load there (https://github.com/jupyterlab-contrib/rise/issues/119: the slides
+# render, widgets do not); its web components report a recursion in their change
+# notifications; and it links optional style sheets, rise.css and <notebook>.css, beside
+# the notebook, which the course does not have.
 KNOWN_RISE_ERRORS = re.compile("|".join([
     r"Shared module @jupyterlab/console doesn't exist in shared scope default",
     r"^RangeError: Maximum call stack size exceeded$",
-    r"^Refused to apply style from '[^']*/files/[^']*\.css' because its MIME type \('text/html'\)",
+    r"^Refused to apply style from '[^']*/files/[^']*\.css' because its MIME type "
+    r"\('text/html'\)",
 ]))
 RISE_TITLE = """(() => {
-  const frame = [...document.querySelectorAll('iframe')].find(f => (f.src || '').includes('/rise/'));
+  const frame = [...document.querySelectorAll('iframe')]
+    .find(f => (f.src || '').includes('/rise/'));
   const title = frame && frame.contentDocument
-                && frame.contentDocument.querySelector('.reveal .slides section.present h1');
+                && frame.contentDocument.querySelector(
+                     '.reveal .slides section.present h1');
   if (!title) return null;
-  const box = title.getBoundingClientRect(), style = frame.contentWindow.getComputedStyle(title);
+  const box = title.getBoundingClientRect();
+  const style = frame.contentWindow.getComputedStyle(title);
   return {text: title.innerText, url: frame.src, transform: style.textTransform,
-          visible: box.width > 0 && box.height > 0 && box.top < frame.clientHeight && box.bottom > 0
-          && style.visibility !== 'hidden'};
+          visible: box.width > 0 && box.height > 0 && box.top < frame.clientHeight
+                   && box.bottom > 0 && style.visibility !== 'hidden'};
 })()"""
 
 
 @pytest.fixture(scope="module")
 def lab_with_one_lesson(tmp_path_factory):
-    """JupyterLab serving a copy of lesson 1 (RISE saves the notebook it presents), with fresh settings."""
+    """JupyterLab serving a copy of lesson 1 (RISE saves the notebook it presents), with
+    fresh settings."""
     root = tmp_path_factory.mktemp("live")
     lesson = next(p for p in LESSONS if p.stem.startswith("01_"))
     shutil.copy(lesson, root / lesson.name)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "JUPYTERLAB_SETTINGS_DIR": str(tmp_path_factory.mktemp("settings")),
+    env = {**os.environ,
+           "JUPYTERLAB_SETTINGS_DIR": str(tmp_path_factory.mktemp("settings")),
            "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path_factory.mktemp("workspaces"))}
     process = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root", f"--port={port}",
-         "--ServerApp.ip=127.0.0.1", "--IdentityProvider.token=live", f"--ServerApp.root_dir={root}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=root, env=env)
+        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root",
+         f"--port={port}", "--ServerApp.ip=127.0.0.1", "--IdentityProvider.token=live",
+         f"--ServerApp.root_dir={root}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=root,
+        env=env,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 90
     while True:
@@ -469,7 +581,7 @@ def lab_with_one_lesson(tmp_path_factory):
         except OSError:
             if time.time() > deadline or process.poll() is not None:
                 process.kill()
-                raise RuntimeError("jupyter lab did not start within 90 s")
+                raise RuntimeError("jupyter lab did not start within 90 s") from None
             time.sleep(0.3)
     yield url, lesson
     process.terminate()  # the server shuts its kernel down first
@@ -480,38 +592,54 @@ def lab_with_one_lesson(tmp_path_factory):
         process.wait()
 
 
-def test_the_live_rise_slideshow_starts_on_the_title_slide(lab_with_one_lesson, browser, read_notebook):
+def test_the_live_rise_slideshow_starts_on_the_title_slide(
+    lab_with_one_lesson, browser, read_notebook
+):
     url, lesson = lab_with_one_lesson
     browser.events.clear()
     toolbar_button = '.jp-NotebookPanel-toolbar [data-jp-item-name="RISE-button"]'
     browser.open(f"{url}/lab/tree/{lesson.name}?token=live&reset",
-                 ready=f"!!document.querySelector('{toolbar_button} jp-button')", timeout=120)
+                 ready=f"!!document.querySelector('{toolbar_button} jp-button')",
+                 timeout=120)
     assert browser.evaluate(f"document.querySelector('{toolbar_button} jp-button')"
                             ".getAttribute('data-command')") == "RISE:preview"
-    # Select the title cell with a click, then press the button's shortcut, Alt+R (in headless
-    # Chromium the toolbar button is not re-enabled once the notebook gets the focus).
-    browser.wait_for("!!document.querySelector('.jp-Notebook .jp-Cell .jp-RenderedHTMLCommon h1')", timeout=60)
-    x, y = browser.evaluate("(() => { const box = document.querySelector('.jp-Notebook .jp-Cell')"
-                            ".getBoundingClientRect(); return [box.x + box.width / 2, box.y + 20]; })()")
+    # Select the title cell with a click, then press the button's shortcut, Alt+R (in
+    # headless Chromium the toolbar button is not re-enabled once the notebook gets the
+    # focus).
+    browser.wait_for("!!document.querySelector('.jp-Notebook .jp-Cell "
+                     ".jp-RenderedHTMLCommon h1')", timeout=60)
+    x, y = browser.evaluate("(() => { const box = "
+                            "document.querySelector('.jp-Notebook .jp-Cell')"
+                            ".getBoundingClientRect(); return [box.x + box.width / 2, "
+                            "box.y + 20]; })()")
     for kind in ("mousePressed", "mouseReleased"):
-        browser.call("Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left", clickCount=1)
-    browser.wait_for("!!document.activeElement.closest('.jp-Notebook')", timeout=30, what="the notebook's focus")
+        browser.call(
+            "Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left", clickCount=1
+        )
+    browser.wait_for("!!document.activeElement.closest('.jp-Notebook')", timeout=30,
+                     what="the notebook's focus")
     for kind in ("rawKeyDown", "keyUp"):
-        browser.call("Input.dispatchKeyEvent", type=kind, modifiers=1, key="r", code="KeyR",
-                     windowsVirtualKeyCode=82, nativeVirtualKeyCode=82)
+        browser.call("Input.dispatchKeyEvent", type=kind, modifiers=1, key="r",
+                     code="KeyR", windowsVirtualKeyCode=82, nativeVirtualKeyCode=82)
     try:
-        browser.wait_for("!!document.querySelector('iframe[src*=\"/rise/\"]')", timeout=60, what="RISE's panel")
+        browser.wait_for("!!document.querySelector('iframe[src*=\"/rise/\"]')",
+                         timeout=60, what="RISE's panel")
     finally:
         screenshot = browser.call("Page.captureScreenshot", format="png")["data"]
-        (SLIDES_DIR / f"{lesson.stem}.rise.png").write_bytes(base64.b64decode(screenshot))
+        (SLIDES_DIR / f"{lesson.stem}.rise.png").write_bytes(
+            base64.b64decode(screenshot)
+        )
     title = browser.wait_for(RISE_TITLE, timeout=120, what="RISE's title slide")
     screenshot = browser.call("Page.captureScreenshot", format="png")["data"]
     (SLIDES_DIR / f"{lesson.stem}.rise.png").write_bytes(base64.b64decode(screenshot))
-    heading = "".join(read_notebook(lesson)["cells"][0]["source"]).splitlines()[0].lstrip("# ")
+    heading = ("".join(read_notebook(lesson)["cells"][0]["source"]) .splitlines()[0]
+               .lstrip("# "))
     assert title["visible"] and title["text"].lower() == heading.lower(), title
     assert f"/rise/{lesson.name}" in title["url"], title
-    # the notebook's "rise" metadata is in force: the static decks' white theme, whose headings are
-    # upper-case (RISE's default theme, "simple", leaves them as written)
+    # the notebook's "rise" metadata is in force: the static decks' white theme, whose
+    # headings are upper-case (RISE's default theme, "simple", leaves them as written)
     assert title["transform"] == "uppercase", title
-    unexpected = [error for error in browser.errors() if not KNOWN_RISE_ERRORS.search(error)]
+    unexpected = [
+        error for error in browser.errors() if not KNOWN_RISE_ERRORS.search(error)
+    ]
     assert not unexpected

@@ -1,4 +1,5 @@
-"""median_seconds and the interleaved timing of lesson 01, on a clock the test controls."""
+"""median_seconds and the interleaved timing of lesson 01, on a clock the test
+controls."""
 from types import SimpleNamespace
 
 import pytest
@@ -9,13 +10,15 @@ from helpers import timing
 def test_warmup_runs_are_not_timed_and_the_median_is_taken(monkeypatch):
     clock = SimpleNamespace(now=0.0)
     monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=lambda: clock.now))
-    durations = iter([100.0, 9.0, 1.0, 2.0])  # the first is the warmup run: slow, as first runs are
+    # the first is the warmup run: slow, as first runs are
+    durations = iter([100.0, 9.0, 1.0, 2.0])
 
     def step():
         clock.now += next(durations)
 
     assert timing.median_seconds(step, repeats=3, warmup=1) == 2.0
-    assert next(durations, None) is None, "it ran the step another number of times than warmup + repeats"
+    assert next(durations, None) is None, ("it ran the step another number of times "
+                                           "than warmup + repeats")
 
 
 @pytest.mark.parametrize("arguments, message", [
@@ -41,12 +44,17 @@ def test_interleaved_timing_runs_one_of_each_per_round_after_the_warmup(monkeypa
 
     def step(name):
         order.append(name)
-        clock.now += cost[name] * (10 if len(order) <= 2 else 1)  # the warmup round is slow
+        # the warmup round is slow
+        clock.now += cost[name] * (10 if len(order) <= 2 else 1)
 
-    rounds = timing.interleaved_seconds({"a": lambda: step("a"), "b": lambda: step("b")}, repeats=3, warmup=1)
+    rounds = timing.interleaved_seconds(
+        {"a": lambda: step("a"), "b": lambda: step("b")}, repeats=3, warmup=1
+    )
     assert order == ["a", "b"] * 4
     assert rounds == {"a": [1.0] * 3, "b": [3.0] * 3}
-    assert timing.interleaved_median_seconds({"a": lambda: step("a")}, repeats=2, warmup=0) == {"a": 1.0}
+    assert timing.interleaved_median_seconds(
+        {"a": lambda: step("a")}, repeats=2, warmup=0
+    ) == {"a": 1.0}
 
 
 def test_interleaved_timing_puts_the_thread_count_back_and_names_bad_input():
@@ -54,8 +62,8 @@ def test_interleaved_timing_puts_the_thread_count_back_and_names_bad_input():
 
     before = torch.get_num_threads()
     seen = []
-    timing.interleaved_seconds({"a": lambda: seen.append(torch.get_num_threads())}, repeats=1, warmup=0,
-                               threads=before + 1)
+    timing.interleaved_seconds({"a": lambda: seen.append(torch.get_num_threads())},
+                               repeats=1, warmup=0, threads=before + 1)
     assert seen == [before + 1] and torch.get_num_threads() == before
 
     def failing_step():

@@ -1,14 +1,18 @@
-"""`make bench`: run each notebook once; print wall seconds, peak RSS, its slowest cell and its measured lines.
+"""`make bench`: run each notebook once; print wall seconds, peak RSS, its slowest cell
+and its measured lines.
 
-It fails when a notebook cell raises or when a lesson measured a value outside the range it declares
-(helpers/ranges.py); `make test-gpu` runs it with --require-gpu, so every lesson runs on the GPU.
+It fails when a notebook cell raises or when a lesson measured a value outside the range
+it declares (helpers/ranges.py); `make test-gpu` runs it with --require-gpu, so every
+lesson runs on the GPU.
 
-Issue 16's time targets (on 2 cores): a lesson notebook (notebooks/0N_*.ipynb) under 45 s, a practice
-notebook under 20 s, every cell under 15 s. A notebook that misses one is marked OVER in the table's last
-column and listed at the end; that is a warning, not a failure (times depend on the machine and its load).
+Issue 16's time targets (on 2 cores): a lesson notebook (notebooks/0N_*.ipynb) under 45
+s, a practice notebook under 20 s, every cell under 15 s. A notebook that misses one is
+marked OVER in the table's last column and listed at the end; that is a warning, not a
+failure (times depend on the machine and its load).
 
-Writes the same table as JSON to build/bench/bench.json (git-ignored). With BENCH_EXECUTED_DIR set, each
-executed notebook (a failed one too) is also written there, to read its outputs.
+Writes the same table as JSON to build/bench/bench.json (git-ignored). With
+BENCH_EXECUTED_DIR set, each executed notebook (a failed one too) is also written there,
+to read its outputs.
 """
 import json
 import os
@@ -24,13 +28,15 @@ from helpers.ranges import OUT_OF_RANGE
 
 OUT_DIR = REPO_ROOT / "build" / "bench"
 SUMMARY_HEADER = "Measured in this lesson"
-LESSON_TARGET_S, PRACTICE_TARGET_S, CELL_TARGET_S = 45, 20, 15  # issue 16's targets, on 2 cores
+# issue 16's targets, on 2 cores
+LESSON_TARGET_S, PRACTICE_TARGET_S, CELL_TARGET_S = 45, 20, 15
 
 
 def measured_lines(notebook):
     """The `name: value` lines that a lesson's summary cell printed."""
     for cell in reversed(notebook.cells):
-        text = "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")
+        text = "".join(o.get("text", "") for o in cell.get("outputs", [])
+                       if o.get("output_type") == "stream")
         if SUMMARY_HEADER in text:
             lines = text.split(SUMMARY_HEADER, 1)[1].strip().splitlines()
             return dict(line.split(": ", 1) for line in lines if ": " in line)
@@ -38,10 +44,12 @@ def measured_lines(notebook):
 
 
 def run_one(path):
-    """Execute one notebook (not in place) in this process's child kernel; print a JSON row.
+    """Execute one notebook (not in place) in this process's child kernel; print a JSON
+    row.
 
-    Each code cell is timed from the request to the kernel until its reply (its outputs included);
-    a cell's index counts every cell of the notebook from 0, Markdown cells included.
+    Each code cell is timed from the request to the kernel until its reply (its outputs
+    included); a cell's index counts every cell of the notebook from 0, Markdown cells
+    included.
     """
     import nbformat
     from nbclient import NotebookClient
@@ -55,30 +63,46 @@ def run_one(path):
     def cell_done(cell, cell_index, execute_reply):
         cell_s[cell_index] = time.perf_counter() - started[cell_index]
 
-    client = NotebookClient(notebook, timeout=600, resources={"metadata": {"path": str(Path(path).parent)}},
+    client = NotebookClient(notebook, timeout=600,
+                            resources={"metadata": {"path": str(Path(path).parent)}},
                             on_cell_execute=cell_started, on_cell_executed=cell_done)
     start = time.perf_counter()
     try:
         client.execute()
     finally:
         wall_s = time.perf_counter() - start
-        if os.environ.get("BENCH_EXECUTED_DIR"):  # keep each executed copy, a failed one too, to read it
+        # keep each executed copy, a failed one too, to read it
+        if os.environ.get("BENCH_EXECUTED_DIR"):
             kept = Path(os.environ["BENCH_EXECUTED_DIR"])
             kept.mkdir(parents=True, exist_ok=True)
             nbformat.write(notebook, kept / Path(path).name)
-    # ru_maxrss of waited-for children: the kernel and every process it started (KiB on Linux)
+    # ru_maxrss of waited-for children: the kernel and every process it started (KiB on
+    # Linux)
     peak_rss_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     slowest = max(cell_s, key=cell_s.get, default=None)
-    print(json.dumps({"notebook": str(path), "wall_s": round(wall_s, 1), "peak_rss_mib": round(peak_rss_mib),
-                      "slowest_cell": None if slowest is None else {
-                          "index": slowest, "seconds": round(cell_s[slowest], 2),
-                          "first_line": notebook.cells[slowest].source.strip().splitlines()[0]},
-                      "cell_s": [[index, round(seconds, 2)] for index, seconds in cell_s.items()],
-                      "measured": measured_lines(notebook)}))
+    print(
+        json.dumps(
+            {
+                "notebook": str(path),
+                "wall_s": round(wall_s, 1),
+                "peak_rss_mib": round(peak_rss_mib),
+                "slowest_cell": None
+                if slowest is None
+                else {"index": slowest, "seconds": round(cell_s[slowest], 2),
+                      "first_line": notebook.cells[slowest] .source.strip()
+                      .splitlines()[0]},
+                "cell_s": [
+                    [index, round(seconds, 2)] for index, seconds in cell_s.items()
+                ],
+                "measured": measured_lines(notebook),
+            }
+        )
+    )
 
 
 def notebook_target_s(path):
-    """Issue 16's wall-time target for the notebook at ``path``, or None (neither a lesson nor a practice)."""
+    """Issue 16's wall-time target for the notebook at ``path``, or None (neither a
+    lesson nor a practice)."""
     path = Path(path)
     if path.parent.name == "practice":
         return PRACTICE_TARGET_S
@@ -86,7 +110,8 @@ def notebook_target_s(path):
 
 
 def over_targets(row):
-    """What in one row misses issue 16's time targets, in words; empty when nothing does."""
+    """What in one row misses issue 16's time targets, in words; empty when nothing
+    does."""
     over = []
     target = notebook_target_s(row["notebook"])
     if target is not None and row["wall_s"] > target:
@@ -97,28 +122,37 @@ def over_targets(row):
 
 
 def table(rows):
-    """The printed table: one line per notebook, its slowest cell, and OVER where it misses a time target."""
+    """The printed table: one line per notebook, its slowest cell, and OVER where it
+    misses a time target."""
     width = max(len(r["notebook"]) for r in rows)
-    lines = [f"{'notebook':<{width}}  {'wall s':>7}  {'peak RSS MiB':>12}  {'slowest cell':>14}  targets"]
+    lines = [f"{'notebook':<{width}}  {'wall s':>7}  {'peak RSS MiB':>12}  "
+             f"{'slowest cell':>14}  targets"]
     for r in rows:
         slowest = r["slowest_cell"]
-        cell = "-" if slowest is None else f"{slowest['seconds']:.1f} s #{slowest['index']}"
-        lines.append(f"{r['notebook']:<{width}}  {r['wall_s']:>7.1f}  {r['peak_rss_mib']:>12}  {cell:>14}  "
+        cell = "-" if slowest is None else (f"{slowest['seconds']:.1f} s "
+                                            f"#{slowest['index']}")
+        lines.append(f"{r['notebook']:<{width}}  {r['wall_s']:>7.1f}  "
+                     f"{r['peak_rss_mib']:>12}  {cell:>14}  "
                      f"{'OVER' if r['over_targets'] else 'ok'}")
     return "\n".join(lines)
 
 
 def main(paths, require_gpu=False):
-    """Run each notebook in a fresh process, print the table and write build/bench/bench.json."""
+    """Run each notebook in a fresh process, print the table and write
+    build/bench/bench.json."""
     if require_gpu:
         import torch
 
         if not torch.cuda.is_available():
-            raise SystemExit("test-gpu: PyTorch sees no CUDA GPU here (torch.cuda.is_available() is False)")
+            raise SystemExit("test-gpu: PyTorch sees no CUDA GPU here "
+                             "(torch.cuda.is_available() is False)")
     rows = []
     for path in paths:
-        # a fresh process per notebook, so that each peak RSS belongs to one notebook alone
-        result = subprocess.run([sys.executable, __file__, "--one", path], capture_output=True, text=True)
+        # a fresh process per notebook, so that each peak RSS belongs to one notebook
+        # alone
+        result = subprocess.run(
+            [sys.executable, __file__, "--one", path], capture_output=True, text=True
+        )
         if result.returncode != 0:
             print(result.stderr, file=sys.stderr)
             raise SystemExit(f"bench: {path} failed to run")
@@ -133,14 +167,17 @@ def main(paths, require_gpu=False):
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     written = OUT_DIR / "bench.json"
     written.write_text(json.dumps(rows, indent=2) + "\n")
-    print(f"wrote {written.relative_to(REPO_ROOT) if written.is_relative_to(REPO_ROOT) else written}")
+    inside = written.is_relative_to(REPO_ROOT)
+    print(f"wrote {written.relative_to(REPO_ROOT) if inside else written}")
     for r in rows:
         if r["over_targets"]:
-            print(f"OVER issue 16's time targets: {Path(r['notebook']).stem}: {'; '.join(r['over_targets'])}")
-    outside = [f"{Path(r['notebook']).stem} {name}" for r in rows for name, value in r["measured"].items()
-               if value.endswith(OUT_OF_RANGE)]
+            print(f"OVER issue 16's time targets: {Path(r['notebook']).stem}: "
+                  f"{'; '.join(r['over_targets'])}")
+    outside = [f"{Path(r['notebook']).stem} {name}" for r in rows
+               for name, value in r["measured"].items() if value.endswith(OUT_OF_RANGE)]
     if outside:
-        raise SystemExit(f"bench: measured values outside the lessons' ranges: {', '.join(outside)}")
+        raise SystemExit("bench: measured values outside the lessons' ranges: "
+                         f"{', '.join(outside)}")
 
 
 if __name__ == "__main__":
@@ -148,4 +185,5 @@ if __name__ == "__main__":
         run_one(sys.argv[2])
     else:
         arguments = sys.argv[1:]
-        main([a for a in arguments if a != "--require-gpu"], require_gpu="--require-gpu" in arguments)
+        main([a for a in arguments if a != "--require-gpu"],
+             require_gpu="--require-gpu" in arguments)

@@ -1,15 +1,18 @@
-"""`make slides`: render each lesson into a static reveal.js deck in build/slides (git-ignored).
+"""`make slides`: render each lesson into a static reveal.js deck in build/slides
+(git-ignored).
 
 The decks work offline: reveal.js, jQuery and RequireJS are copied next to them from npm
-packages (installed once into build/npm), and figures are embedded in the HTML. The lessons
-use no LaTeX or Mermaid diagrams, and widgets need a running kernel, so small stubs stand in for
-MathJax, Mermaid and the widget renderer, which the template would fetch from CDNs.
+packages (installed once into build/npm), and figures are embedded in the HTML. The
+lessons use no LaTeX or Mermaid diagrams, and widgets need a running kernel, so small
+stubs stand in for MathJax, Mermaid and the widget renderer, which the template would
+fetch from CDNs.
 
-The decks are laid out for a 16:9 projector: reveal.js's slide box is 1280 x 720, the theme's
-font sizes are kept, code wraps at the slide's edge instead of being cut (course.css), the
-"In [ ]:" prompts are left out (they took 110 px of every line), a cell tagged
-`slide-output-only` shows only its output, and figures are enlarged to be read from the back of
-the room (`size_figures`). The rules the lessons follow are in tests/test_slides.py's docstring.
+The decks are laid out for a 16:9 projector: reveal.js's slide box is 1280 x 720, the
+theme's font sizes are kept, code wraps at the slide's edge instead of being cut
+(course.css), the "In [ ]:" prompts are left out (they took 110 px of every line), a
+cell tagged `slide-output-only` shows only its output, and figures are enlarged to be
+read from the back of the room (`size_figures`). The rules the lessons follow are in
+tests/test_slides.py's docstring.
 """
 import base64
 import re
@@ -22,28 +25,35 @@ from helpers.paths import REPO_ROOT
 
 SLIDES_DIR = REPO_ROOT / "build" / "slides"
 NPM_DIR = REPO_ROOT / "build" / "npm"
-LESSONS = sorted((REPO_ROOT / "notebooks").glob("0[1-9]_*.ipynb"))  # a new lesson 0N is picked up
+# a new lesson 0N is picked up
+LESSONS = sorted((REPO_ROOT / "notebooks").glob("0[1-9]_*.ipynb"))
 NPM_PACKAGES = ["reveal.js@4.6.0", "jquery@3.7.1", "requirejs@2.3.7"]
-SLIDE_WIDTH, SLIDE_HEIGHT = 1280, 720  # reveal.js's slide box: 16:9, scaled to fit the window
-OUTPUT_ONLY_TAG = "slide-output-only"  # a cell whose code stays in the notebook, off the slide
-# Figures on a slide: FIGURE_ZOOM times their size in JupyterLab, but at least FIGURE_MIN_WIDTH
-# (readable from the back of the room), at most FIGURE_MAX_WIDTH, and no taller than
-# FIGURE_MAX_HEIGHT unless that would make them narrower than FIGURE_MIN_WIDTH (CSS px).
+# reveal.js's slide box: 16:9, scaled to fit the window
+SLIDE_WIDTH, SLIDE_HEIGHT = 1280, 720
+# a cell whose code stays in the notebook, off the slide
+OUTPUT_ONLY_TAG = "slide-output-only"
+# Figures on a slide: FIGURE_ZOOM times their size in JupyterLab, but at least
+# FIGURE_MIN_WIDTH (readable from the back of the room), at most FIGURE_MAX_WIDTH, and
+# no taller than FIGURE_MAX_HEIGHT unless that would make them narrower than
+# FIGURE_MIN_WIDTH (CSS px).
 FIGURE_ZOOM = 1.3
 FIGURE_MIN_WIDTH = round(0.62 * SLIDE_WIDTH)
 FIGURE_MAX_WIDTH = round(0.80 * SLIDE_WIDTH)
 FIGURE_MAX_HEIGHT = 420
-# The lessons' depth sits in speaker notes, in <details> blocks (STYLE.md, "The learner's path").
+# The lessons' depth sits in speaker notes, in <details> blocks (STYLE.md, "The
+# learner's path").
 UNDER_THE_HOOD, UNDER_THE_HOOD_OPEN = "<details><summary>", "<details open><summary>"
-MATHJAX_STUB = """// The lessons use no LaTeX: a no-op MathJax for the reveal.js template, offline.
-window.MathJax = {Hub: {Config: function () {}, Queue: function () {}, getAllJax: function () { return []; },
+MATHJAX_STUB = """// No LaTeX in the lessons: a no-op MathJax for the reveal.js template
+window.MathJax = {Hub: {Config: function () {}, Queue: function () {},
+                        getAllJax: function () { return []; },
                         Rerender: function () {}}};
 """
-COURSE_CSS = """/* The course's decks (tools/build_slides.py), on top of nbconvert's reveal template and the white
-   theme: the theme's font sizes stay; paragraphs are spaced closer; code wraps at the slide's edge
-   instead of being cut. */
+COURSE_CSS = """/* The course's decks (tools/build_slides.py), on top of nbconvert's
+   reveal template and the white theme: the theme's font sizes stay; paragraphs are
+   spaced closer; code wraps at the slide's edge instead of being cut. */
 .reveal .jp-RenderedHTMLCommon p {
-  margin: 0.5em 0;  /* the theme's 20px above and below each paragraph took a line's height */
+  /* the theme's 20px above and below each paragraph took a line's height */
+  margin: 0.5em 0;
 }
 .reveal .jp-RenderedHTMLCommon li {
   line-height: 1.4;  /* the theme's 1.6 */
@@ -51,7 +61,8 @@ COURSE_CSS = """/* The course's decks (tools/build_slides.py), on top of nbconve
 .reveal .jp-InputArea-editor pre, .reveal .jp-OutputArea-output pre {
   white-space: pre-wrap;
   overflow-wrap: anywhere;
-  box-sizing: border-box;  /* the template's width: 100% plus padding ran past the slide's edge */
+  /* the template's width: 100% plus padding ran past the slide's edge */
+  box-sizing: border-box;
 }
 .reveal div.jp-OutputArea-output > pre {
   width: auto;  /* nbconvert's template gives printed text only 90 % of the width */
@@ -60,8 +71,8 @@ COURSE_CSS = """/* The course's decks (tools/build_slides.py), on top of nbconve
   height: auto;
   max-width: 100%;
 }
-/* print-pdf (make handout): no blank page after the last slide; speaker notes on their slide's
-   page, small, at the bottom */
+/* print-pdf (make handout): no blank page after the last slide; speaker notes on
+   their slide's page, small, at the bottom */
 html.print-pdf .reveal .slides .pdf-page:last-of-type {
   page-break-after: avoid;
   break-after: avoid;
@@ -81,26 +92,36 @@ html.print-pdf .reveal .speaker-notes-pdf p {
 """
 
 
-# With reveal_scroll, nbconvert's template makes a slide scroll when it is taller than 95 % of the
-# window, in window pixels, while the slide's height is in the slide's own (unscaled) pixels: at
-# 1280 x 720 a slide that fits its 720 px box but is over 684 px tall became a scroll box, shifted
-# down 20 px and cut at the bottom. render() compares it with the slide box instead.
+# With reveal_scroll, nbconvert's template makes a slide scroll when it is taller than
+# 95 % of the window, in window pixels, while the slide's height is in the slide's own
+# (unscaled) pixels: at 1280 x 720 a slide that fits its 720 px box but is over 684 px
+# tall became a scroll box, shifted down 20 px and cut at the bottom. render() compares
+# it with the slide box instead.
 SCROLL_THRESHOLD = "var h = $('.reveal').height() * 0.95;"
 
-# nbconvert's reveal template imports Mermaid (diagrams in Markdown; the lessons have none)
-# from a CDN whatever the settings say: render() removes that script from each deck.
-MERMAID_IMPORT = re.compile(r"<script type=\"module\">\s*import mermaid from [^<]*</script>\s*")
-PNG_IMAGE = re.compile(r'<img (?P<attributes>[^>]*?)src="data:image/png;base64,(?P<data>[^"]+)"')
+# nbconvert's reveal template imports Mermaid (diagrams in Markdown; the lessons have
+# none) from a CDN whatever the settings say: render() removes that script from each
+# deck.
+MERMAID_IMPORT = re.compile(r"<script type=\"module\">\s*import mermaid from "
+                            r"[^<]*</script>\s*")
+PNG_IMAGE = re.compile(
+    r'<img (?P<attributes>[^>]*?)src="data:image/png;base64,(?P<data>[^"]+)"'
+)
 
 
 def install_assets():
-    """Put reveal.js, jQuery, RequireJS, the offline stubs and course.css in build/slides (npm once, the first time)."""
+    """Put reveal.js, jQuery, RequireJS, the offline stubs and course.css in
+    build/slides (npm once, the first time)."""
     modules = NPM_DIR / "node_modules"
     if not (modules / "reveal.js" / "dist" / "reveal.js").exists():
         if shutil.which("npm") is None:
-            raise SystemExit("make slides needs npm once, to fetch reveal.js; install Node.js and npm")
-        subprocess.run(["npm", "install", "--prefix", str(NPM_DIR), "--no-audit", "--no-fund", "--silent",
-                        *NPM_PACKAGES], check=True)
+            raise SystemExit("make slides needs npm once, to fetch reveal.js; install "
+                             "Node.js and npm")
+        subprocess.run(
+            ["npm", "install", "--prefix", str(NPM_DIR), "--no-audit", "--no-fund",
+             "--silent", *NPM_PACKAGES],
+            check=True,
+        )
     reveal = SLIDES_DIR / "reveal.js"
     if reveal.exists():
         shutil.rmtree(reveal)
@@ -112,7 +133,8 @@ def install_assets():
     shutil.copy(modules / "requirejs" / "require.js", assets / "require.js")
     (assets / "mathjax-stub.js").write_text(MATHJAX_STUB)
     (assets / "no-icons.css").write_text("/* the decks use no Font Awesome icons */\n")
-    (assets / "no-widgets.js").write_text("// widgets (lesson 4's calculator) need a running kernel: not in a static deck\n")
+    (assets / "no-widgets.js").write_text("// widgets (lesson 4's calculator) need a "
+                                          "running kernel: not in a static deck\n")
     (assets / "course.css").write_text(COURSE_CSS)
 
 
@@ -125,39 +147,60 @@ def figure_width(png):
 
 
 def size_figures(html):
-    """Give every embedded PNG figure its width on the slide (JupyterLab shows it at its own size)."""
+    """Give every embedded PNG figure its width on the slide (JupyterLab shows it at its
+    own size)."""
     def sized(match):
         width = figure_width(base64.b64decode(match["data"][:64]))
-        return f'<img {match["attributes"]}style="width: {width}px" src="data:image/png;base64,{match["data"]}"'
+        return (f'<img {match["attributes"]}style="width: {width}px" '
+                f'src="data:image/png;base64,{match["data"]}"')
     return PNG_IMAGE.sub(sized, html)
 
 
 def render(*lessons):
-    """Render lesson notebooks into build/slides as offline decks, in one nbconvert process; return the decks' paths."""
-    subprocess.run([sys.executable, "-m", "jupyter", "nbconvert", "--to", "slides", *map(str, lessons),
-                    "--output-dir", str(SLIDES_DIR), "--log-level=ERROR",
-                    "--SlidesExporter.reveal_url_prefix=reveal.js",
-                    "--SlidesExporter.reveal_theme=white",  # its fonts ship with reveal.js; "simple" fetches them
-                    f"--SlidesExporter.reveal_width={SLIDE_WIDTH}",
-                    f"--SlidesExporter.reveal_height={SLIDE_HEIGHT}",
-                    "--SlidesExporter.reveal_scroll=True",  # a slide allowed to be long (tests/test_slides.py) scrolls
-                    "--SlidesExporter.exclude_input_prompt=True",
-                    "--SlidesExporter.exclude_output_prompt=True",
-                    f"--TagRemovePreprocessor.remove_input_tags={OUTPUT_ONLY_TAG}",
-                    "--SlidesExporter.jquery_url=assets/jquery.min.js",
-                    "--SlidesExporter.require_js_url=assets/require.js",
-                    "--SlidesExporter.mathjax_url=assets/mathjax-stub.js",
-                    "--SlidesExporter.font_awesome_url=assets/no-icons.css",
-                    "--SlidesExporter.widget_renderer_url=assets/no-widgets.js"], check=True)
+    """Render lesson notebooks into build/slides as offline decks, in one nbconvert
+    process; return the decks' paths."""
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jupyter",
+            "nbconvert",
+            "--to",
+            "slides",
+            *map(str, lessons),
+            "--output-dir",
+            str(SLIDES_DIR),
+            "--log-level=ERROR",
+            "--SlidesExporter.reveal_url_prefix=reveal.js",
+            # its fonts ship with reveal.js; "simple" fetches them
+            "--SlidesExporter.reveal_theme=white",
+            f"--SlidesExporter.reveal_width={SLIDE_WIDTH}",
+            f"--SlidesExporter.reveal_height={SLIDE_HEIGHT}",
+            # a slide allowed to be long (tests/test_slides.py) scrolls
+            "--SlidesExporter.reveal_scroll=True",
+            "--SlidesExporter.exclude_input_prompt=True",
+            "--SlidesExporter.exclude_output_prompt=True",
+            f"--TagRemovePreprocessor.remove_input_tags={OUTPUT_ONLY_TAG}",
+            "--SlidesExporter.jquery_url=assets/jquery.min.js",
+            "--SlidesExporter.require_js_url=assets/require.js",
+            "--SlidesExporter.mathjax_url=assets/mathjax-stub.js",
+            "--SlidesExporter.font_awesome_url=assets/no-icons.css",
+            "--SlidesExporter.widget_renderer_url=assets/no-widgets.js",
+        ],
+        check=True,
+    )
     decks = [SLIDES_DIR / f"{lesson.stem}.slides.html" for lesson in lessons]
     for deck in decks:
         html = MERMAID_IMPORT.sub("", deck.read_text())
         if SCROLL_THRESHOLD not in html:
-            raise SystemExit(f"{deck.name}: nbconvert's reveal template changed; revisit SCROLL_THRESHOLD")
-        html = html.replace(SCROLL_THRESHOLD, f"var h = {SLIDE_HEIGHT};  // the slide box (tools/build_slides.py)")
-        html = html.replace("</head>", '<link rel="stylesheet" href="assets/course.css">\n</head>', 1)
-        # "Under the hood" blocks are collapsed in JupyterLab; in the speaker notes and the
-        # handout the instructor reads them, so the decks show them open
+            raise SystemExit(f"{deck.name}: nbconvert's reveal template changed; "
+                             "revisit SCROLL_THRESHOLD")
+        html = html.replace(SCROLL_THRESHOLD, f"var h = {SLIDE_HEIGHT};  // the slide "
+                                              "box (tools/build_slides.py)")
+        html = html.replace("</head>", '<link rel="stylesheet" '
+                                       'href="assets/course.css">\n</head>', 1)
+        # "Under the hood" blocks are collapsed in JupyterLab; in the speaker notes and
+        # the handout the instructor reads them, so the decks show them open
         html = html.replace(UNDER_THE_HOOD, UNDER_THE_HOOD_OPEN)
         deck.write_text(size_figures(html))
     return decks
@@ -167,7 +210,8 @@ def main():
     """Render every lesson (what `make slides` runs)."""
     SLIDES_DIR.mkdir(parents=True, exist_ok=True)
     install_assets()
-    for deck in render(*LESSONS):  # one nbconvert process: its start-up is most of a deck's time
+    # one nbconvert process: its start-up is most of a deck's time
+    for deck in render(*LESSONS):
         print(f"rendered {deck.relative_to(REPO_ROOT)}")
 
 

@@ -1,12 +1,15 @@
-"""`make reference`: record this machine's figures for lesson 05 in data/reference/, beside the recorded ones.
+"""`make reference`: record this machine's figures for lesson 05 in data/reference/,
+beside the recorded ones.
 
-Runs notebooks/05_mixed_precision.ipynb once, top to bottom, on the device the lesson picks (the first CUDA GPU,
-else the CPU), in a copy (the stored outputs stay as they are), reads the values its summary printed, and writes
-them with a description of the machine to ``data/reference/<machine>.json``: device type and name, what it
-offers bfloat16 (``helpers.mixed_precision.bfloat16_matmul_kernel``), PyTorch's CPU kernels or the GPU's compute
-capability, the torch and Python versions, the date, and each figure with its verdict. The lesson plots its
-learner's speed ratios beside every file there, so a figure from another machine reaches the text only this way.
-A second run on the same kind of machine replaces that machine's file. ``--out DIR`` writes elsewhere.
+Runs notebooks/05_mixed_precision.ipynb once, top to bottom, on the device the lesson
+picks (the first CUDA GPU, else the CPU), in a copy (the stored outputs stay as they
+are), reads the values its summary printed, and writes them with a description of the
+machine to ``data/reference/<machine>.json``: device type and name, what it offers
+bfloat16 (``helpers.mixed_precision.bfloat16_matmul_kernel``), PyTorch's CPU kernels or
+the GPU's compute capability, the torch and Python versions, the date, and each figure
+with its verdict. The lesson plots its learner's speed ratios beside every file there,
+so a figure from another machine reaches the text only this way. A second run on the
+same kind of machine replaces that machine's file. ``--out DIR`` writes elsewhere.
 """
 import argparse
 import datetime
@@ -18,7 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench.py, beside this file
 
-from bench import measured_lines  # noqa: E402  (the summary's `name: value` lines, as make bench reads them)
+# the summary's `name: value` lines, as make bench reads them
+from bench import measured_lines  # noqa: E402
 
 from helpers.paths import REPO_ROOT  # noqa: E402
 
@@ -34,20 +38,27 @@ def machine():
 
     if torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability(0)
-        device_type, name, capability = "cuda", torch.cuda.get_device_name(0), f"compute capability {major}.{minor}"
+        device_type, name, capability = ("cuda", torch.cuda.get_device_name(0),
+                                         f"compute capability {major}.{minor}")
     else:
         flags = torch.cpu.get_capabilities()
-        bfloat16 = [f for f in ("avx512_bf16", "amx_bf16", "avx_ne_convert", "bf16", "sve_bf16") if flags.get(f)]
+        bfloat16 = [f for f in ("avx512_bf16", "amx_bf16", "avx_ne_convert", "bf16",
+                                "sve_bf16") if flags.get(f)]
         device_type, name = "cpu", flags.get("cpu_name") or platform.machine()
-        capability = (f"PyTorch's CPU kernels {torch.backends.cpu.get_cpu_capability()}; bfloat16 instructions: "
-                      f"{', '.join(bfloat16) or 'none'}; {flags.get('num_physical_cores')} cores")
+        capability = ("PyTorch's CPU kernels "
+                      f"{torch.backends.cpu.get_cpu_capability()}; "
+                      "bfloat16 instructions: "
+                      f"{', '.join(bfloat16) or 'none'}; "
+                      f"{flags.get('num_physical_cores')} cores")
     return {"device": device_type, "device_name": name, "capability": capability,
-            "bfloat16_kernel": bfloat16_matmul_kernel(device_type), "torch": torch.__version__,
-            "python": platform.python_version(), "date": datetime.date.today().isoformat()}
+            "bfloat16_kernel": bfloat16_matmul_kernel(device_type),
+            "torch": torch.__version__, "python": platform.python_version(),
+            "date": datetime.date.today().isoformat()}
 
 
 def figures(lines):
-    """{name: number} and {name: verdict} from the summary's lines ('0.3957  (expected <= 0.99): in range')."""
+    """{name: number} and {name: verdict} from the summary's lines
+    ('0.3957  (expected <= 0.99): in range')."""
     values, verdicts = {}, {}
     for name, text in lines.items():
         match = NUMBER.match(text.strip())
@@ -69,23 +80,29 @@ def main(out_dir):
     from nbclient import NotebookClient
 
     notebook = nbformat.read(LESSON, as_version=4)
-    print(f"running {LESSON.relative_to(REPO_ROOT)} (about a minute on 2 CPU cores)", flush=True)
-    NotebookClient(notebook, timeout=600, resources={"metadata": {"path": str(LESSON.parent)}}).execute()
+    print(f"running {LESSON.relative_to(REPO_ROOT)} (about a minute on 2 CPU cores)",
+          flush=True)
+    NotebookClient(notebook, timeout=600,
+                   resources={"metadata": {"path": str(LESSON.parent)}}).execute()
     lines = measured_lines(notebook)
     if not lines:
-        raise SystemExit("record_reference: the lesson printed no summary ('Measured in this lesson')")
+        raise SystemExit("record_reference: the lesson printed no summary "
+                         "('Measured in this lesson')")
     record = machine()
     record["figures"], record["verdicts"] = figures(lines)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / file_name(record)
     path.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path}")
+    shown = path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
+    print(f"wrote {shown}")
     for name, value in record["figures"].items():
         print(f"  {name}: {value}  ({record['verdicts'][name]})")
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # the docstring's first paragraph (its first sentence, wrapped)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "data" / "reference",
-                        help="the folder to write the machine's JSON file into (default: data/reference)")
+                        help="the folder to write the machine's JSON file into "
+                        "(default: data/reference)")
     main(parser.parse_args().out)

@@ -39,7 +39,8 @@ CELL_TIMEOUT_S = 600  # as `make execute`
 
 
 def sanitizers():
-    """The sanitizer's (regex, replace) pairs; tests/test_ranges.py reads them here too."""
+    """The sanitizer's (regex, replace) pairs; tests/test_ranges.py reads them here
+    too."""
     lines = SANITIZER.read_text().splitlines()
     return [(regex[len("regex: "):], replace[len("replace: "):])
             for regex, replace in zip(lines, lines[1:])

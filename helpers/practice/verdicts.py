@@ -1,4 +1,5 @@
-"""The verdicts every practice check prints, and the tools the checks share (lessons 01-05).
+"""The verdicts every practice check prints, and the tools the checks share (lessons
+01-05).
 
 Every ``check_...`` function prints one verdict in plain words and returns nothing:
 
@@ -6,16 +7,19 @@ Every ``check_...`` function prints one verdict in plain words and returns nothi
     Exercise 1.2: not quite. B (the matrix multiply) ran again in backward ... Hint: ...
     Exercise 1.2: not done yet. Replace each `...` in keep_expensive with your code ...
 
-It never raises for a wrong or unfinished answer: an exception from the learner's code is
-reported as one sentence, not a traceback. An exception in the check's own code is not the
-learner's mistake: the verdict then says that the check itself failed, where, and whom to tell:
+It never raises for a wrong or unfinished answer: an exception from the learner's code
+is reported as one sentence, not a traceback. An exception in the check's own code is
+not the learner's mistake: the verdict then says that the check itself failed, where,
+and whom to tell:
 
-    Exercise 1.2: the check itself failed. This is a bug in the check, not in your answer: ...
+    Exercise 1.2: the check itself failed. This is a bug in the check, not in your
+    answer: ...
 
-A check checks what the answer does (values, bytes, gradients, counted operations), not how the
-code is spelled. Each checker also has a ``.verdict(...)`` method that returns the ``Verdict``
-without printing, for the tests. A check hides no warning: ``explaining_warnings`` turns the ones
-it understands into advice in the verdict and lets every other one through.
+A check checks what the answer does (values, bytes, gradients, counted operations), not
+how the code is spelled. Each checker also has a ``.verdict(...)`` method that returns
+the ``Verdict`` without printing, for the tests. A check hides no warning:
+``explaining_warnings`` turns the ones it understands into advice in the verdict and
+lets every other one through.
 """
 import ast
 import contextlib
@@ -33,7 +37,8 @@ from pathlib import Path
 from helpers.paths import REPO_ROOT
 
 CORRECT, WRONG, NOT_DONE = "correct", "not quite", "not done yet"
-CHECK_FAILED = "the check itself failed"  # an exception in the checker's code: a bug to report, not a wrong answer
+# an exception in the checker's code: a bug to report, not a wrong answer
+CHECK_FAILED = "the check itself failed"
 HELPERS_DIR = REPO_ROOT / "helpers"  # where the checks' code lives
 
 
@@ -48,12 +53,14 @@ class Verdict:
     def __str__(self):
         first_word = self.message.split(" ", 1)[0]
         starts_with_a_name = "_" in first_word or "(" in first_word or "`" in first_word
-        message = self.message if starts_with_a_name else self.message[:1].upper() + self.message[1:]
+        message = (self.message if starts_with_a_name
+                   else self.message[:1].upper() + self.message[1:])
         return f"Exercise {self.exercise}: {self.status}. {message}"
 
 
 class Wrong(Exception):
-    """Raised by a judge: the answer is wrong; the message says what and gives a hint."""
+    """Raised by a judge: the answer is wrong; the message says what and gives a
+    hint."""
 
 
 class NotDone(Exception):
@@ -61,7 +68,8 @@ class NotDone(Exception):
 
 
 def checker(exercise):
-    """Turn ``judge(*answers) -> message`` into a check that prints a Verdict and never raises."""
+    """Turn ``judge(*answers) -> message`` into a check that prints a Verdict and never
+    raises."""
     def decorate(judge):
         def verdict(*args, **kwargs):
             """The Verdict on these answers, returned, not printed (for the tests)."""
@@ -71,7 +79,8 @@ def checker(exercise):
                 return Verdict(exercise, NOT_DONE, str(reason))
             except Wrong as reason:
                 return Verdict(exercise, WRONG, str(reason))
-            except Exception as error:  # the learner's arrive as Wrong (call_learner): this one is the check's own
+            # the learner's arrive as Wrong (call_learner): this one is the check's own
+            except Exception as error:
                 return Verdict(exercise, CHECK_FAILED, check_failure_report(error))
 
         @functools.wraps(judge)
@@ -84,61 +93,76 @@ def checker(exercise):
 
 
 def check_failure_report(error):
-    """The message for an exception raised by the check's own code: what, where, and whom to tell."""
-    return (f"this is a bug in the check, not in your answer: {describe_error(error)}, raised at "
-            f"{where_raised(error)}. Please report it, with this message, to the course maintainers "
+    """The message for an exception raised by the check's own code: what, where, and
+    whom to tell."""
+    return ("this is a bug in the check, not in your answer: "
+            f"{describe_error(error)}, raised at "
+            f"{where_raised(error)}. Please report it, with this message, to the "
+            "course maintainers "
             "(in the course's issue tracker).")
 
 
 def where_raised(error):
-    """``path, line N`` of the innermost frame in the course's helpers (path relative to the repository).
+    """``path, line N`` of the innermost frame in the course's helpers (path relative to
+    the repository).
 
-    ``error`` was caught by a checker: its traceback starts at the checker's wrapper, which is skipped.
-    A library's frame would not say which line of the check to fix; the helpers' frame that called it does.
-    Without one (a judge defined elsewhere, as in the tests), the innermost frame.
+    ``error`` was caught by a checker: its traceback starts at the checker's wrapper,
+    which is skipped. A library's frame would not say which line of the check to fix;
+    the helpers' frame that called it does. Without one (a judge defined elsewhere, as
+    in the tests), the innermost frame.
     """
     frames = traceback.extract_tb(error.__traceback__)[1:]
-    in_helpers = [frame for frame in frames if Path(frame.filename).resolve().is_relative_to(HELPERS_DIR)]
+    in_helpers = [frame for frame in frames
+                  if Path(frame.filename).resolve().is_relative_to(HELPERS_DIR)]
     frame = (in_helpers or frames)[-1]
     path = Path(frame.filename).resolve()
-    shown = path.relative_to(REPO_ROOT).as_posix() if path.is_relative_to(REPO_ROOT) else frame.filename
+    shown = (path.relative_to(REPO_ROOT).as_posix() if path.is_relative_to(REPO_ROOT)
+             else frame.filename)
     return f"{shown}, line {frame.lineno}"
 
 
 @contextlib.contextmanager
 def explaining_warnings(*explained):
-    """Catch the warnings whose message holds one of the ``explained`` texts, for the verdict to explain.
+    """Catch the warnings whose message holds one of the ``explained`` texts, for the
+    verdict to explain.
 
-    Yields the list of those warnings, filled when the block ends. Every other warning raised inside
-    is shown afterwards exactly as it would have been without the check (the learner's filters decide):
-    a check turns a warning into advice, it never hides one.
+    Yields the list of those warnings, filled when the block ends. Every other warning
+    raised inside is shown afterwards exactly as it would have been without the check
+    (the learner's filters decide): a check turns a warning into advice, it never hides
+    one.
     """
     explaining, caught = [], []
     try:
         with warnings.catch_warnings(record=True) as caught:
-            for text in explained:  # the check needs these even where the learner's filters would hide them
+            # the check needs these even where the learner's filters would hide them
+            for text in explained:
                 warnings.filterwarnings("always", message=f".*{re.escape(text)}")
             yield explaining
     finally:
         for warning in caught:
             if any(text in str(warning.message) for text in explained):
                 explaining.append(warning)
-            else:  # it already passed the learner's filters: show it as Python would have
-                warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno,
-                                     warning.file, warning.line)
+            # it already passed the learner's filters: show it as Python would have
+            else:
+                warnings.showwarning(warning.message, warning.category,
+                                     warning.filename, warning.lineno, warning.file,
+                                     warning.line)
 
 
 def describe_error(error):
-    """``Type: first line of the message`` (or only the type), one line for a verdict."""
+    """``Type: first line of the message`` (or only the type), one line for a
+    verdict."""
     message = str(error).strip().splitlines()[0] if str(error).strip() else ""
     return f"{type(error).__name__}: {message}" if message else type(error).__name__
 
 
 def call_learner(function, *args, name=None, hints=(), **kwargs):
-    """Call the learner's function; turn any exception into ``Wrong`` with a plain-words message.
+    """Call the learner's function; turn any exception into ``Wrong`` with a plain-words
+    message.
 
     A function that still returns ``...`` is not done yet.
-    ``hints`` pairs a text that may appear in the error (or the exception's type name) with a hint.
+    ``hints`` pairs a text that may appear in the error (or the exception's type name)
+    with a hint.
     """
     name = name or getattr(function, "__name__", "your function")
     try:
@@ -147,29 +171,38 @@ def call_learner(function, *args, name=None, hints=(), **kwargs):
         raise
     except Exception as error:
         described = describe_error(error)
-        hint = next((h for pattern, h in hints if pattern in described), "run it on its own to see the full error.")
+        hint = next((h for pattern, h in hints if pattern in described), "run it on "
+                                                                         "its own to "
+                                                                         "see the "
+                                                                         "full error.")
         raise Wrong(f"calling {name} raised {described}. Hint: {hint}") from None
     if result is Ellipsis:
-        raise NotDone(f"{name} still returns `...`: replace each `...` in it with your code, run that cell, "
+        raise NotDone(f"{name} still returns `...`: replace each `...` in it with "
+                      "your code, run that cell, "
                       "then run this check again.")
     return result
 
 
 def require_done(answer, name, what="your code"):
-    """Raise NotDone while ``answer`` (a value, a container or a function) still holds a `...`."""
+    """Raise NotDone while ``answer`` (a value, a container or a function) still holds a
+    `...`."""
     if is_unfinished(answer):
-        raise NotDone(f"replace each `...` in {name} with {what}, run that cell, then run this check again.")
+        raise NotDone(f"replace each `...` in {name} with {what}, run that cell, then "
+                      "run this check again.")
 
 
 def require_callable(answer, name):
-    """Raise NotDone while ``answer`` holds a `...`, and Wrong if it is not a function."""
+    """Raise NotDone while ``answer`` holds a `...`, and Wrong if it is not a
+    function."""
     require_done(answer, name)
     if not callable(answer):
-        raise Wrong(f"{name} should be a function (def {name}(...): ...), but it is a {type(answer).__name__}.")
+        raise Wrong(f"{name} should be a function (def {name}(...): ...), but it is a "
+                    f"{type(answer).__name__}.")
 
 
 def is_unfinished(answer):
-    """Whether ``answer`` (a value, a container or a function's source) still holds a `...` placeholder."""
+    """Whether ``answer`` (a value, a container or a function's source) still holds a
+    `...` placeholder."""
     if answer is Ellipsis:
         return True
     if isinstance(answer, dict):
@@ -182,61 +215,80 @@ def is_unfinished(answer):
 
 
 def function_has_ellipsis(function):
-    """Whether the function's source holds a `...` placeholder (slicing such as x[..., 0] does not count)."""
+    """Whether the function's source holds a `...` placeholder (slicing such as x[...,
+    0] does not count)."""
     try:
         source = textwrap.dedent(inspect.getsource(function))
         tree = ast.parse(source)
     except (OSError, TypeError, SyntaxError):
-        return False  # no source to read (e.g. a lambda built at run time): judge it by what it does
+        # no source to read (e.g. a lambda built at run time): judge it by what it does
+        return False
     in_slices = {id(node) for sub in ast.walk(tree) if isinstance(sub, ast.Subscript)
                  for node in ast.walk(sub.slice)}
-    return any(isinstance(node, ast.Constant) and node.value is Ellipsis and id(node) not in in_slices
-               for node in ast.walk(tree))
+    return any(isinstance(node, ast.Constant) and node.value is Ellipsis
+               and id(node) not in in_slices for node in ast.walk(tree))
 
 
 def whole_number(value, name):
-    """``value`` as an int, or Wrong, saying what it is instead, unless it is a whole number.
+    """``value`` as an int, or Wrong, saying what it is instead, unless it is a whole
+    number.
 
-    A whole number is anything integral (a Python or NumPy integer, anything with ``__index__`` such as a
-    0-dimensional integer tensor or array) or a real number equal to an int (5.0, np.float64(5.0), a
-    0-dimensional float tensor): a learner may count with NumPy or PyTorch. A truth value, nan, an
-    infinity, a fraction, a tensor of several values, one on the meta device, or anything else is the
-    answer's mistake, so Wrong with a hint, never an exception that would read as the check's own failure.
+    A whole number is anything integral (a Python or NumPy integer, anything with
+    ``__index__`` such as a 0-dimensional integer tensor or array) or a real number
+    equal to an int (5.0, np.float64(5.0), a 0-dimensional float tensor): a learner may
+    count with NumPy or PyTorch. A truth value, nan, an infinity, a fraction, a tensor
+    of several values, one on the meta device, or anything else is the answer's mistake,
+    so Wrong with a hint, never an exception that would read as the check's own failure.
     """
     said = f"{name} should be a whole number, but it is {short_repr(value)}"
-    if isinstance(value, bool) or str(getattr(value, "dtype", "")) in ("bool", "torch.bool"):
+    if isinstance(value, bool) or str(getattr(value, "dtype", "")) in ("bool",
+                                                                       "torch.bool"):
         raise Wrong(f"{said}, a truth value. Hint: return the count itself (an int).")
     if getattr(value, "is_meta", False) is True:
-        raise Wrong(f"{said}, a tensor on PyTorch's meta device: it has a shape and a dtype but no value. "
-                    "Hint: compute the number with Python ints (e.g. math.prod(shape)), not with tensors.")
+        raise Wrong(f"{said}, a tensor on PyTorch's meta device: it has a shape and a "
+                    "dtype but no value. "
+                    "Hint: compute the number with Python ints (e.g. "
+                    "math.prod(shape)), not with tensors.")
     dimensions = getattr(value, "ndim", 0)
     if isinstance(dimensions, int) and dimensions > 0:
-        raise Wrong(f"{said}, of type {type(value).__name__} and shape {tuple(value.shape)}. Hint: return one "
-                    "number; .item() gives the number in a 0-dimensional tensor or array.")
-    with contextlib.suppress(Exception):  # integral: int, NumPy integers, 0-d integer tensors and arrays
+        raise Wrong(f"{said}, of type {type(value).__name__} and shape "
+                    f"{tuple(value.shape)}. Hint: return one "
+                    "number; .item() gives the number in a 0-dimensional "
+                    "tensor or array.")
+    # integral: int, NumPy integers, 0-d integer tensors and arrays
+    with contextlib.suppress(Exception):
         return operator.index(value)
     if isinstance(value, (str, bytes)) or not hasattr(type(value), "__float__"):
-        raise Wrong(f"{said}, of type {type(value).__name__}. Hint: return a number (an int).")
-    if type(value).__module__.startswith("torch") and callable(getattr(value, "detach", None)):
-        value = value.detach()  # a tensor that requires grad converts with a warning that is not the learner's
+        raise Wrong(f"{said}, of type {type(value).__name__}. Hint: return a "
+                    "number (an int).")
+    if type(value).__module__.startswith("torch") and callable(
+        getattr(value, "detach", None)
+    ):
+        # a tensor that requires grad converts with a warning that is not the learner's
+        value = value.detach()
     try:
         number = float(value)
     except Exception as error:  # e.g. a complex number: not a count either
-        raise Wrong(f"{said}, which is not a real number ({describe_error(error)}). Hint: return an int.") from None
+        raise Wrong(f"{said}, which is not a real number ({describe_error(error)}). "
+                    "Hint: return an int.") from None
     if math.isnan(number):
-        raise Wrong(f"{said}, which is not a number. Hint: nan comes from 0 / 0, inf - inf or a nan in what the "
+        raise Wrong(f"{said}, which is not a number. Hint: nan comes from 0 / 0, inf "
+                    "- inf or a nan in what the "
                     "code reads; a count made of whole numbers is never nan.")
     if math.isinf(number):
-        raise Wrong(f"{said}, which is infinite. Hint: an infinity comes from a division by zero or a float "
+        raise Wrong(f"{said}, which is infinite. Hint: an infinity comes from a "
+                    "division by zero or a float "
                     "overflow; count with Python ints, which never overflow.")
     if not number.is_integer():
-        raise Wrong(f"{said}. Hint: a count is whole; where it comes from a division (/), decide whether it "
+        raise Wrong(f"{said}. Hint: a count is whole; where it comes from a division "
+                    "(/), decide whether it "
                     "rounds up (math.ceil) or down (//).")
     return int(number)
 
 
 def short_repr(value, limit=80):
-    """``repr(value)``, cut to ``limit`` characters (a learner's answer may be anything)."""
+    """``repr(value)``, cut to ``limit`` characters (a learner's answer may be
+    anything)."""
     try:
         shown = repr(value)
     except Exception:
@@ -245,11 +297,12 @@ def short_repr(value, limit=80):
 
 
 def on_one_thread(judge):
-    """Run a judge on one CPU thread, and give the learner back their thread count after.
+    """Run a judge on one CPU thread, and give the learner back their thread count
+    after.
 
-    Shared by the practice checks of every lesson. They count bytes and operations on tiny tensors, never
-    time: threads only add overhead there, and on a busy machine threads that wait for each other made a
-    check ten times slower.
+    Shared by the practice checks of every lesson. They count bytes and operations on
+    tiny tensors, never time: threads only add overhead there, and on a busy machine
+    threads that wait for each other made a check ten times slower.
     """
     import torch  # here, not at the top: the verdicts themselves need no torch
 

@@ -1,23 +1,27 @@
-"""helpers/training.py: accuracy and F1 (lesson 02), checked on cases worked out by hand."""
+"""helpers/metrics.py: accuracy and F1 (lesson 02), checked on cases worked out by
+hand."""
 import numpy as np
 import pytest
 
-from helpers.training import accuracy_and_f1, compute_metrics
+from helpers.metrics import accuracy_and_f1, compute_metrics
 
 
 def test_accuracy_and_f1_of_the_paraphrase_class():
-    # true positives 2 (indices 0, 1), a false positive (2), a false negative (3), a true negative (4)
+    # true positives 2 (indices 0, 1), a false positive (2), a false negative (3), a
+    # true negative (4)
     labels = [1, 1, 0, 1, 0]
     predictions = [1, 1, 1, 0, 0]
     metrics = accuracy_and_f1(labels, predictions)
     assert metrics["accuracy"] == pytest.approx(3 / 5)
-    assert metrics["f1"] == pytest.approx(2 * 2 / (2 * 2 + 1 + 1))  # precision 2/3, recall 2/3
+    # precision 2/3, recall 2/3
+    assert metrics["f1"] == pytest.approx(2 * 2 / (2 * 2 + 1 + 1))
 
 
 def test_f1_counts_the_paraphrase_class_only():
     # every negative right, every positive wrong: accuracy 0.5, F1 of class 1 is 0
     assert accuracy_and_f1([0, 0, 1, 1], [0, 0, 0, 0]) == {"accuracy": 0.5, "f1": 0.0}
-    # no positive anywhere, nothing wrong: F1 is 0 (scikit-learn's zero_division default), not a division error
+    # no positive anywhere, nothing wrong: F1 is 0 (scikit-learn's zero_division
+    # default), not a division error
     assert accuracy_and_f1([0, 0], [0, 0]) == {"accuracy": 1.0, "f1": 0.0}
     assert accuracy_and_f1([1, 0], [1, 0]) == {"accuracy": 1.0, "f1": 1.0}
 
