@@ -14,6 +14,7 @@ import re
 import subprocess
 
 import pytest
+import yaml  # PyYAML, a dependency of transformers
 
 from helpers.paths import REPO_ROOT
 
@@ -110,7 +111,6 @@ def test_an_unnamed_file_is_found_and_patterns_name_files():
 
 
 def test_the_bug_report_asks_for_the_machine_and_the_set_up_output():
-    yaml = pytest.importorskip("yaml")  # PyYAML comes with transformers
     form = yaml.safe_load(BUG_REPORT.read_text())
     fields = {item["id"]: item for item in form["body"] if "id" in item}
     assert {"operating-system", "where-you-run", "python-version", "torch-version",
