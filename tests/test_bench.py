@@ -1,23 +1,16 @@
 """`make bench` (tools/bench.py): each notebook's slowest cell, and issue 16's time
 targets flagged."""
 import contextlib
-import importlib.util
 import io
 import json
 
 import nbformat
 import pytest
+from tool_scripts import load_tool
 
-from helpers.paths import REPO_ROOT
 from helpers.ranges import OUT_OF_RANGE
 
-# tools/ is a folder of scripts, not a package on the import path: load the script by
-# its path.
-_spec = importlib.util.spec_from_file_location(
-    "bench", REPO_ROOT / "tools" / "bench.py"
-)
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+bench = load_tool("bench")
 
 # its index in the notebook below: cells count from 0, the Markdown cell too
 SLEEPING_CELL = 2

@@ -7,12 +7,12 @@ value outside it, compared with the lesson's stored output the way nbval compare
 (after the sanitizer).
 """
 import ast
-import importlib.util
 import subprocess
 import sys
 
 import nbformat
 import pytest
+from tool_scripts import load_tool
 
 from helpers.paths import REPO_ROOT
 from helpers.ranges import (
@@ -24,12 +24,7 @@ from helpers.ranges import (
 )
 
 SANITIZER = REPO_ROOT / "tests" / "nbval_sanitize.cfg"
-_spec = importlib.util.spec_from_file_location(
-    "run_twice", REPO_ROOT / "tools" / "run_twice.py"
-)
-# a script of tools/, loaded by its path
-run_twice = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(run_twice)
+run_twice = load_tool("run_twice")
 LESSONS = sorted((REPO_ROOT / "notebooks").glob("0[1-9]_*.ipynb"))
 
 

@@ -1,9 +1,9 @@
 """Lesson 05's reference figures: what tools/record_reference.py reads and writes, and
 the files it wrote."""
-import importlib.util
 import json
 
 import pytest
+from tool_scripts import load_tool
 
 from helpers.paths import REPO_ROOT
 
@@ -12,19 +12,12 @@ RECORDED = sorted(REFERENCE_DIR.glob("*.json"))
 KEYS = {"device", "device_name", "capability", "bfloat16_kernel", "torch", "python",
         "date", "figures", "verdicts"}
 # what the lesson's speed figure reads
+record_reference = load_tool("record_reference")
 PLOTTED = {"bf16_large_matmul_time_ratio", "bf16_step_time_ratio"}
 
 
-def load_tool():
-    spec = importlib.util.spec_from_file_location(
-        "record_reference", REPO_ROOT / "tools" / "record_reference.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_summary_lines_become_numbers_and_verdicts():
-    values, verdicts = load_tool().figures({
+    values, verdicts = record_reference.figures({
         "bf16_kept_bytes_ratio_small_batch": "0.3957  (expected <= 0.99): in range",
         "bf16_weight_copies_mib": "82.13",
         "float16_zero_share": "5e-05  (expected 0.0001 to 0.01): OUT OF RANGE"})
@@ -37,11 +30,11 @@ def test_the_summary_lines_become_numbers_and_verdicts():
 
 def test_a_summary_line_without_a_number_is_refused():
     with pytest.raises(ValueError, match="holds no number"):
-        load_tool().figures({"reference_step_matches_torch": "True"})
+        record_reference.figures({"reference_step_matches_torch": "True"})
 
 
 def test_one_file_per_kind_of_machine_named_without_odd_characters():
-    name = load_tool().file_name({"device_name": "NVIDIA H200",
+    name = record_reference.file_name({"device_name": "NVIDIA H200",
                                   "bfloat16_kernel": "a GPU's tensor cores"})
     assert name == "nvidia-h200-a-gpu-s-tensor-cores.json"
 
@@ -50,7 +43,7 @@ def test_this_machine_is_described_without_host_or_user_names():
     import getpass
     import socket
 
-    described = json.dumps(load_tool().machine())
+    described = json.dumps(record_reference.machine())
     assert socket.gethostname() not in described and getpass.getuser() not in described
 
 
@@ -67,4 +60,4 @@ def test_each_recorded_machine_says_what_it_was_and_holds_the_plotted_figures(pa
         f"{path.name} lacks {sorted(PLOTTED - set(record['figures']))}")
     assert all(value > 0 for name, value in record["figures"].items()
                if name in PLOTTED)
-    assert path.name == load_tool().file_name(record)
+    assert path.name == record_reference.file_name(record)

@@ -31,7 +31,6 @@ added later: tools/build_slides.py picks it up), each checked below:
 7. The practice notebooks are not decks: no `slide`, `subslide` or `fragment` in them.
 """
 import base64
-import importlib.util
 import json
 import os
 import re
@@ -45,20 +44,9 @@ from collections import Counter
 
 import pytest
 from chromium import Chromium, find_chromium
+from tool_scripts import load_tool
 
 from helpers.paths import REPO_ROOT
-
-
-def load_tool(name):
-    """A script of tools/ (a folder of scripts, not a package on the import path),
-    loaded by its path."""
-    spec = importlib.util.spec_from_file_location(
-        name, REPO_ROOT / "tools" / f"{name}.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 build_slides, handout = load_tool("build_slides"), load_tool("handout")
 LESSONS, SLIDES_DIR = build_slides.LESSONS, build_slides.SLIDES_DIR
