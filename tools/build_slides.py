@@ -1,5 +1,6 @@
 """`make slides`: render each lesson into a static reveal.js deck in build/slides
-(git-ignored).
+(git-ignored), and each translated lesson (notebooks/hi/, notebooks/tr/) into
+build/slides/<language>/.
 
 The decks work offline: reveal.js, jQuery and RequireJS are copied next to them from npm
 packages (installed once into build/npm), and figures are embedded in the HTML. The
@@ -15,18 +16,26 @@ read from the back of the room (`size_figures`). The rules the lessons follow ar
 tests/test_slides.py's docstring.
 """
 import base64
+import os
 import re
 import shutil
 import struct
 import subprocess
 import sys
+from pathlib import Path
 
+from helpers.language import LANGUAGES
 from helpers.paths import REPO_ROOT
 
 SLIDES_DIR = REPO_ROOT / "build" / "slides"
 NPM_DIR = REPO_ROOT / "build" / "npm"
 # a new lesson 0N is picked up
 LESSONS = sorted((REPO_ROOT / "notebooks").glob("0[1-9]_*.ipynb"))
+# The lessons made in each language by `make translations` (notebooks/hi/, ...): decks
+# in build/slides/<language>/, beside the English ones, sharing their reveal.js.
+TRANSLATED_LESSONS = {
+    language: sorted((REPO_ROOT / "notebooks" / language).glob("0[1-9]_*.ipynb"))
+    for language in LANGUAGES}
 NPM_PACKAGES = ["reveal.js@4.6.0", "jquery@3.7.1", "requirejs@2.3.7"]
 # reveal.js's slide box: 16:9, scaled to fit the window
 SLIDE_WIDTH, SLIDE_HEIGHT = 1280, 720
@@ -156,9 +165,14 @@ def size_figures(html):
     return PNG_IMAGE.sub(sized, html)
 
 
-def render(*lessons):
-    """Render lesson notebooks into build/slides as offline decks, in one nbconvert
-    process; return the decks' paths."""
+def render(*lessons, out=SLIDES_DIR):
+    """Render lesson notebooks into ``out`` (build/slides, or a language's folder in
+    it) as offline decks, in one nbconvert process; return the decks' paths."""
+    # reveal.js and the assets stay in build/slides: a language's decks link up to them
+    shared = Path(os.path.relpath(SLIDES_DIR, out)).as_posix()
+    assets = "assets" if shared == "." else f"{shared}/assets"
+    reveal = "reveal.js" if shared == "." else f"{shared}/reveal.js"
+    out.mkdir(parents=True, exist_ok=True)
     subprocess.run(
         [
             sys.executable,
@@ -169,9 +183,9 @@ def render(*lessons):
             "slides",
             *map(str, lessons),
             "--output-dir",
-            str(SLIDES_DIR),
+            str(out),
             "--log-level=ERROR",
-            "--SlidesExporter.reveal_url_prefix=reveal.js",
+            f"--SlidesExporter.reveal_url_prefix={reveal}",
             # its fonts ship with reveal.js; "simple" fetches them
             "--SlidesExporter.reveal_theme=white",
             f"--SlidesExporter.reveal_width={SLIDE_WIDTH}",
@@ -181,15 +195,15 @@ def render(*lessons):
             "--SlidesExporter.exclude_input_prompt=True",
             "--SlidesExporter.exclude_output_prompt=True",
             f"--TagRemovePreprocessor.remove_input_tags={OUTPUT_ONLY_TAG}",
-            "--SlidesExporter.jquery_url=assets/jquery.min.js",
-            "--SlidesExporter.require_js_url=assets/require.js",
-            "--SlidesExporter.mathjax_url=assets/mathjax-stub.js",
-            "--SlidesExporter.font_awesome_url=assets/no-icons.css",
-            "--SlidesExporter.widget_renderer_url=assets/no-widgets.js",
+            f"--SlidesExporter.jquery_url={assets}/jquery.min.js",
+            f"--SlidesExporter.require_js_url={assets}/require.js",
+            f"--SlidesExporter.mathjax_url={assets}/mathjax-stub.js",
+            f"--SlidesExporter.font_awesome_url={assets}/no-icons.css",
+            f"--SlidesExporter.widget_renderer_url={assets}/no-widgets.js",
         ],
         check=True,
     )
-    decks = [SLIDES_DIR / f"{lesson.stem}.slides.html" for lesson in lessons]
+    decks = [out / f"{lesson.stem}.slides.html" for lesson in lessons]
     for deck in decks:
         html = MERMAID_IMPORT.sub("", deck.read_text())
         if SCROLL_THRESHOLD not in html:
@@ -198,7 +212,7 @@ def render(*lessons):
         html = html.replace(SCROLL_THRESHOLD, f"var h = {SLIDE_HEIGHT};  // the slide "
                                               "box (tools/build_slides.py)")
         html = html.replace("</head>", '<link rel="stylesheet" '
-                                       'href="assets/course.css">\n</head>', 1)
+                                       f'href="{assets}/course.css">\n</head>', 1)
         # "Under the hood" blocks are collapsed in JupyterLab; in the speaker notes and
         # the handout the instructor reads them, so the decks show them open
         html = html.replace(UNDER_THE_HOOD, UNDER_THE_HOOD_OPEN)
@@ -207,11 +221,16 @@ def render(*lessons):
 
 
 def main():
-    """Render every lesson (what `make slides` runs)."""
+    """Render every lesson, in English and in each translation (what `make slides`
+    runs)."""
     SLIDES_DIR.mkdir(parents=True, exist_ok=True)
     install_assets()
-    # one nbconvert process: its start-up is most of a deck's time
-    for deck in render(*LESSONS):
+    # one nbconvert process per language: its start-up is most of a deck's time
+    decks = render(*LESSONS)
+    for language, lessons in TRANSLATED_LESSONS.items():
+        if lessons:
+            decks += render(*lessons, out=SLIDES_DIR / language)
+    for deck in decks:
         print(f"rendered {deck.relative_to(REPO_ROOT)}")
 
 
