@@ -429,6 +429,10 @@ def test_slides_and_handouts_are_made_in_each_language():
         lessons = build_slides.TRANSLATED_LESSONS[lang]
         assert lessons == sorted((REPO_ROOT / "notebooks" / lang).glob("0[1-9]_*"))
         assert lessons, f"no {lang} lesson to render"
+    # Hindi decks carry a Devanagari font (a machine may have none), for Devanagari only
+    css = build_slides.language_css("hi")
+    assert "font-family: 'Noto Sans Devanagari'" in css and "U+0900-097F" in css
+    assert build_slides.language_css("tr") == ""  # the theme's fonts have its letters
 
 
 def test_the_tool_runs_from_the_command_line():
