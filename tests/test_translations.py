@@ -396,6 +396,12 @@ def test_status_counts_each_language(small_course, capsys):
                                 "practice/01_p")
 
 
+def test_a_catalog_is_started_for_an_english_notebook_only(small_course):
+    notebooks, locales, *_ = small_course
+    with pytest.raises(SystemExit, match="not an English notebook"):
+        translations.init("tr", [notebooks.parent / "elsewhere.ipynb"], locales)
+
+
 def test_a_malformed_glossary_says_what_is_expected(tmp_path):
     path = tmp_path / "glossary.tsv"
     path.write_text("english\ttranslation\tsource\noptimizer\teniyileyici\n")

@@ -207,6 +207,9 @@ def init(language, notebooks, locales=None):
     locales = locales or LOCALES_DIR
     made = []
     for notebook in notebooks:
+        if Path(notebook).resolve() not in english_notebooks():
+            raise SystemExit(f"{notebook}: not an English notebook (notebooks/*.ipynb "
+                             "or notebooks/practice/*.ipynb)")
         path = catalog_path(language, Path(notebook).resolve(), locales)
         if not path.exists():
             save_if_changed(synced(new_catalog(language), Path(notebook).resolve()),
