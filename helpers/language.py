@@ -37,8 +37,8 @@ _NOT_DONE_RETURNS = re.compile(
     r"(?P<name>\S+) still returns `\.\.\.`: replace each `\.\.\.` in it with your "
     r"code, run that cell, then run this check again\.")
 _NOT_DONE_REPLACE = re.compile(
-    r"[Rr]eplace each `\.\.\.` in (?P<name>.+?) with your code, run that cell, then "
-    r"run this check again\.")
+    r"[Rr]eplace each `\.\.\.` in (?P<name>.+?) with (?P<what>.+?), run that cell, "
+    r"then run this check again\.")
 _CHECK_BUG = re.compile(
     r"[Tt]his is a bug in the check, not in your answer: (?P<error>.+), raised at "
     r"(?P<where>.+?)\. Please report it, with this message, to the course maintainers "
@@ -48,29 +48,40 @@ _HINT = re.compile(r"\bHint: ")
 
 FIXED_PHRASES = {
     "hi": [
-        (_NOT_DONE_RETURNS, r"\g<name> अब भी `...` लौटाता है: उसमें हर `...` की जगह "
-                            r"अपना कोड लिखें, वह सेल चलाएँ, फिर यह जाँच दोबारा चलाएँ।"),
-        (_NOT_DONE_REPLACE, r"\g<name> में हर `...` की जगह अपना कोड लिखें, वह सेल "
-                            r"चलाएँ, फिर यह जाँच दोबारा चलाएँ।"),
-        (_CHECK_BUG, r"यह जाँच के कोड की गड़बड़ी है, आपके उत्तर की नहीं: \g<error>, "
-                     r"\g<where> पर। कृपया यह संदेश कोर्स के रखवालों को भेजें (कोर्स "
-                     r"के issue tracker में)।"),
-        (_CALLING_RAISED, r"\g<name> को चलाने पर \g<error> आया। संकेत: "),
+        (_NOT_DONE_RETURNS, "{name} अब भी `...` लौटाता है: उसमें हर `...` की जगह अपना "
+                            "कोड लिखें, वह सेल चलाएँ, फिर यह जाँच दोबारा चलाएँ।"),
+        (_NOT_DONE_REPLACE, "{name} में हर `...` की जगह {what} लिखें, वह सेल चलाएँ, फिर "
+                            "यह जाँच दोबारा चलाएँ।"),
+        (_CHECK_BUG, "यह जाँच के कोड की गड़बड़ी है, आपके उत्तर की नहीं: {error}, {where} "
+                     "पर। कृपया यह संदेश कोर्स के रखवालों को भेजें (कोर्स के issue "
+                     "tracker में)।"),
+        (_CALLING_RAISED, "{name} को चलाने पर {error} आया। संकेत: "),
         (_HINT, "संकेत: "),
     ],
     "tr": [
-        (_NOT_DONE_RETURNS, r"\g<name> hâlâ `...` döndürüyor: içindeki her `...` "
-                            r"yerine kodunuzu yazın, o hücreyi çalıştırın, sonra bu "
-                            r"denetimi yeniden çalıştırın."),
-        (_NOT_DONE_REPLACE, r"\g<name> içindeki her `...` yerine kodunuzu yazın, o "
-                            r"hücreyi çalıştırın, sonra bu denetimi yeniden "
-                            r"çalıştırın."),
-        (_CHECK_BUG, r"Bu, cevabınızdaki değil denetimin kendisindeki bir hata: "
-                     r"\g<error>, şurada: \g<where>. Lütfen bu mesajla birlikte kurs "
-                     r"sorumlularına bildirin (kursun issue tracker'ında)."),
-        (_CALLING_RAISED, r"\g<name> çağrılınca \g<error> oluştu. İpucu: "),
+        (_NOT_DONE_RETURNS, "{name} hâlâ `...` döndürüyor: içindeki her `...` yerine "
+                            "kodunuzu yazın, o hücreyi çalıştırın, sonra bu denetimi "
+                            "yeniden çalıştırın."),
+        (_NOT_DONE_REPLACE, "{name} içindeki her `...` yerine {what} yazın, o hücreyi "
+                            "çalıştırın, sonra bu denetimi yeniden çalıştırın."),
+        (_CHECK_BUG, "Bu, cevabınızdaki değil denetimin kendisindeki bir hata: "
+                     "{error}, şurada: {where}. Lütfen bu mesajla birlikte kurs "
+                     "sorumlularına bildirin (kursun issue tracker'ında)."),
+        (_CALLING_RAISED, "{name} çağrılınca {error} oluştu. İpucu: "),
         (_HINT, "İpucu: "),
     ],
+}
+# What a check asks to write instead of a `...` (verdicts.require_done's ``what``); one
+# not listed stays in English
+WHAT_TO_WRITE = {
+    "hi": {"your code": "अपना कोड", "a whole number": "एक पूर्ण संख्या",
+           '"bfloat16" or "float32" for each operation':
+               'हर ऑपरेशन के लिए "bfloat16" या "float32"',
+           "a number of bytes per parameter": "प्रति पैरामीटर बाइट्स की संख्या"},
+    "tr": {"your code": "kodunuzu", "a whole number": "bir tam sayı",
+           '"bfloat16" or "float32" for each operation':
+               'her işlem için "bfloat16" ya da "float32"',
+           "a number of bytes per parameter": "parametre başına bayt sayısını"},
 }
 
 
@@ -89,8 +100,15 @@ def learner_language(folder=None):
 def translate_message(message, language):
     """A check's message with its fixed sentences in ``language``; the rest as it
     is."""
-    for pattern, translation in FIXED_PHRASES.get(language, []):
-        message = pattern.sub(translation, message)
+    def translated(match, template):
+        parts = match.groupdict()
+        if "what" in parts:
+            parts["what"] = WHAT_TO_WRITE[language].get(parts["what"], parts["what"])
+        return template.format(**parts)
+
+    for pattern, template in FIXED_PHRASES.get(language, []):
+        message = pattern.sub(
+            lambda match, template=template: translated(match, template), message)
     return message
 
 

@@ -101,6 +101,19 @@ def test_a_check_prints_its_verdict_in_the_language_of_its_folder(
                     or "Hint:" in line], printed
 
 
+@pytest.mark.parametrize("what, hindi, turkish", [
+    ("a whole number", "एक पूर्ण संख्या लिखें", "yerine bir tam sayı yazın"),
+    ("a number of bytes per parameter", "प्रति पैरामीटर बाइट्स की संख्या लिखें",
+     "yerine parametre başına bayt sayısını yazın"),
+    ("one of the names", "one of the names लिखें", "yerine one of the names yazın")])
+def test_what_a_check_asks_for_is_said_in_the_language(what, hindi, turkish):
+    with pytest.raises(verdicts.NotDone) as raised:
+        verdicts.require_done(..., "prediction", what)
+    for lang, expected in (("hi", hindi), ("tr", turkish)):
+        line = language.verdict_line("1.1", verdicts.NOT_DONE, str(raised.value), lang)
+        assert expected in line and "Replace" not in line, line
+
+
 def test_a_function_left_unfinished_is_reported_in_the_language(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     def unfinished():
