@@ -14,7 +14,7 @@ LAB_ARGS ?=
 TORCH_INDEX ?=
 TORCH_INDEX_TIMEOUT ?= 20
 
-.PHONY: install lab lint test test-other-cpu test-gpu execute bench run-twice reference data slides handout clean torch-from-index
+.PHONY: install lab lint test test-other-cpu test-gpu execute bench run-twice reference data slides handout translations clean torch-from-index
 
 install: $(INSTALLED) $(if $(TORCH_INDEX),torch-from-index)
 
@@ -90,9 +90,17 @@ reference: $(INSTALLED)
 data: $(INSTALLED)
 	$(PY) data/make_data.py
 
-# Static reveal.js decks of the lessons, in build/slides (git-ignored); see tools/build_slides.py.
+# Static reveal.js decks of the lessons, in build/slides (git-ignored), a translation's in build/slides/<lang>;
+# see tools/build_slides.py.
 slides: $(INSTALLED)
 	$(PY) tools/build_slides.py
+
+# The Hindi and Turkish notebooks (notebooks/hi, notebooks/tr) from the English ones and the catalogs in
+# locales/: the catalogs follow the English first (changed cells become fuzzy), then the notebooks are
+# written; commit both. See tools/translations.py and the README's "In your language".
+translations: $(INSTALLED)
+	$(PY) tools/translations.py update
+	$(PY) tools/translations.py build
 
 # One PDF per lesson in build/handouts (one slide per page, speaker notes included), printed from
 # the static decks by headless Chromium; see tools/handout.py.

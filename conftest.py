@@ -9,6 +9,12 @@ instead of 3).
 """
 import os
 
+from helpers.language import LANGUAGES
+
+# The Hindi and Turkish notebooks (`make translations`) run the English notebooks' code
+# byte for byte, as tests/test_translations.py proves: nbval runs the English ones only.
+collect_ignore = [f"notebooks/{language}" for language in LANGUAGES]
+
 # `make test` runs on two workers (pytest-xdist). Each gives the processes it launches a
 # port of its own (helpers.launcher.default_port reads MASTER_PORT; notebook kernels
 # inherit it), so two launches at the same moment cannot both take 29500. And each

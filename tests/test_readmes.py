@@ -95,8 +95,8 @@ def test_each_readme_names_every_file_in_its_folder(folder):
 
 
 def test_the_folders_with_a_readme():
-    assert FOLDERS == ["", ".ci", "data", "helpers", "helpers/practice", "notebooks",
-                       "tests", "tools"]
+    assert FOLDERS == ["", ".ci", "data", "helpers", "helpers/practice", "locales",
+                       "notebooks", "tests", "tools"]
 
 
 def test_an_unnamed_file_is_found_and_patterns_name_files():

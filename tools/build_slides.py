@@ -1,5 +1,6 @@
 """`make slides`: render each lesson into a static reveal.js deck in build/slides
-(git-ignored).
+(git-ignored), and each translated lesson (notebooks/hi/, notebooks/tr/) into
+build/slides/<language>/.
 
 The decks work offline: reveal.js, jQuery and RequireJS are copied next to them from npm
 packages (installed once into build/npm), and figures are embedded in the HTML. The
@@ -21,13 +22,33 @@ import struct
 import subprocess
 import sys
 
+from helpers.language import LANGUAGES
 from helpers.paths import REPO_ROOT
 
 SLIDES_DIR = REPO_ROOT / "build" / "slides"
 NPM_DIR = REPO_ROOT / "build" / "npm"
 # a new lesson 0N is picked up
 LESSONS = sorted((REPO_ROOT / "notebooks").glob("0[1-9]_*.ipynb"))
-NPM_PACKAGES = ["reveal.js@4.6.0", "jquery@3.7.1", "requirejs@2.3.7"]
+# The lessons made in each language by `make translations` (notebooks/hi/, ...): decks
+# in build/slides/<language>/, a folder with its own reveal.js and assets, so that it
+# works when copied alone (and the handout finds reveal.js under the same name).
+TRANSLATED_LESSONS = {
+    language: sorted((REPO_ROOT / "notebooks" / language).glob("0[1-9]_*.ipynb"))
+    for language in LANGUAGES}
+NPM_PACKAGES = ["reveal.js@4.6.0", "jquery@3.7.1", "requirejs@2.3.7",
+                "@fontsource/noto-sans-devanagari@5.3.0"]
+# A language whose script a projector's laptop or a CI machine may have no font for: its
+# decks carry one (woff2 files in assets/, used for that script's characters only, so
+# the Latin text keeps the theme's fonts). Without it, Chromium drew Hindi as boxes.
+# (npm package, its file of one weight, font family, weights; the Unicode range of
+# fontsource's devanagari subset, as its 400.css declares it.)
+SCRIPT_FONTS = {
+    "hi": ("@fontsource/noto-sans-devanagari",
+           "files/noto-sans-devanagari-devanagari-{weight}-normal.woff2",
+           "Noto Sans Devanagari", (400, 700),
+           "U+0900-097F,U+1CD0-1CF9,U+200C-200D,U+20A8,U+20B9,U+20F0,U+25CC,"
+           "U+A830-A839,U+A8E0-A8FF,U+11B00-11B09"),
+}
 # reveal.js's slide box: 16:9, scaled to fit the window
 SLIDE_WIDTH, SLIDE_HEIGHT = 1280, 720
 # a cell whose code stays in the notebook, off the slide
@@ -109,11 +130,37 @@ PNG_IMAGE = re.compile(
 )
 
 
-def install_assets():
-    """Put reveal.js, jQuery, RequireJS, the offline stubs and course.css in
-    build/slides (npm once, the first time)."""
+def language_css(language):
+    """The style sheet of a language's decks: its script's font (SCRIPT_FONTS), put
+    first in the theme's and JupyterLab's font lists; empty for a Latin script."""
+    if language not in SCRIPT_FONTS:
+        return ""
+    *_, family, weights, unicode_range = SCRIPT_FONTS[language]
+    faces = "".join(f"""@font-face {{
+  font-family: '{family}';
+  font-style: normal;
+  font-weight: {weight};
+  src: url(./{language}-{weight}.woff2) format('woff2');
+  unicode-range: {unicode_range};
+}}
+""" for weight in weights)
+    return faces + f""".reveal .slides h1, .reveal .slides h2, .reveal .slides h3,
+.reveal .slides h4, .reveal .slides h5, .reveal .slides h6 {{
+  font-family: '{family}', var(--r-heading-font);
+}}
+.reveal .jp-RenderedHTMLCommon, .reveal .speaker-notes-pdf {{
+  font-family: '{family}', var(--jp-content-font-family);
+}}
+"""
+
+
+def install_assets(folder=SLIDES_DIR, language="en"):
+    """Put reveal.js, jQuery, RequireJS, the offline stubs, course.css and
+    ``language``'s style sheet and font (language.css) in ``folder`` (build/slides, or
+    a language's folder in it; npm once, the first time)."""
     modules = NPM_DIR / "node_modules"
-    if not (modules / "reveal.js" / "dist" / "reveal.js").exists():
+    if not all((modules / package.rsplit("@", 1)[0]).is_dir()
+               for package in NPM_PACKAGES):
         if shutil.which("npm") is None:
             raise SystemExit("make slides needs npm once, to fetch reveal.js; install "
                              "Node.js and npm")
@@ -122,12 +169,12 @@ def install_assets():
              "--silent", *NPM_PACKAGES],
             check=True,
         )
-    reveal = SLIDES_DIR / "reveal.js"
+    reveal = folder / "reveal.js"
     if reveal.exists():
         shutil.rmtree(reveal)
     for part in ("dist", "plugin"):
         shutil.copytree(modules / "reveal.js" / part, reveal / part)
-    assets = SLIDES_DIR / "assets"
+    assets = folder / "assets"
     assets.mkdir(parents=True, exist_ok=True)
     shutil.copy(modules / "jquery" / "dist" / "jquery.min.js", assets / "jquery.min.js")
     shutil.copy(modules / "requirejs" / "require.js", assets / "require.js")
@@ -136,6 +183,12 @@ def install_assets():
     (assets / "no-widgets.js").write_text("// widgets (lesson 4's calculator) need a "
                                           "running kernel: not in a static deck\n")
     (assets / "course.css").write_text(COURSE_CSS)
+    (assets / "language.css").write_text(language_css(language))
+    if language in SCRIPT_FONTS:
+        package, file, _, weights, _ = SCRIPT_FONTS[language]
+        for weight in weights:
+            shutil.copy(modules / package / file.format(weight=weight),
+                        assets / f"{language}-{weight}.woff2")
 
 
 def figure_width(png):
@@ -156,9 +209,11 @@ def size_figures(html):
     return PNG_IMAGE.sub(sized, html)
 
 
-def render(*lessons):
-    """Render lesson notebooks into build/slides as offline decks, in one nbconvert
-    process; return the decks' paths."""
+def render(*lessons, out=SLIDES_DIR, language="en"):
+    """Render lesson notebooks into ``out`` (build/slides, or a language's folder in
+    it, each with its assets: install_assets) as offline decks, in one nbconvert
+    process; return the decks' paths. ``language``: the lessons' language, for the
+    browser (Turkish upper case: "bir" is "BİR" in a title)."""
     subprocess.run(
         [
             sys.executable,
@@ -169,7 +224,7 @@ def render(*lessons):
             "slides",
             *map(str, lessons),
             "--output-dir",
-            str(SLIDES_DIR),
+            str(out),
             "--log-level=ERROR",
             "--SlidesExporter.reveal_url_prefix=reveal.js",
             # its fonts ship with reveal.js; "simple" fetches them
@@ -189,16 +244,19 @@ def render(*lessons):
         ],
         check=True,
     )
-    decks = [SLIDES_DIR / f"{lesson.stem}.slides.html" for lesson in lessons]
+    decks = [out / f"{lesson.stem}.slides.html" for lesson in lessons]
     for deck in decks:
         html = MERMAID_IMPORT.sub("", deck.read_text())
+        html = html.replace('<html lang="en">', f'<html lang="{language}">', 1)
         if SCROLL_THRESHOLD not in html:
             raise SystemExit(f"{deck.name}: nbconvert's reveal template changed; "
                              "revisit SCROLL_THRESHOLD")
         html = html.replace(SCROLL_THRESHOLD, f"var h = {SLIDE_HEIGHT};  // the slide "
                                               "box (tools/build_slides.py)")
         html = html.replace("</head>", '<link rel="stylesheet" '
-                                       'href="assets/course.css">\n</head>', 1)
+                                       'href="assets/course.css">\n'
+                                       '<link rel="stylesheet" '
+                                       'href="assets/language.css">\n</head>', 1)
         # "Under the hood" blocks are collapsed in JupyterLab; in the speaker notes and
         # the handout the instructor reads them, so the decks show them open
         html = html.replace(UNDER_THE_HOOD, UNDER_THE_HOOD_OPEN)
@@ -207,11 +265,17 @@ def render(*lessons):
 
 
 def main():
-    """Render every lesson (what `make slides` runs)."""
+    """Render every lesson, in English and in each translation (what `make slides`
+    runs)."""
     SLIDES_DIR.mkdir(parents=True, exist_ok=True)
     install_assets()
-    # one nbconvert process: its start-up is most of a deck's time
-    for deck in render(*LESSONS):
+    # one nbconvert process per language: its start-up is most of a deck's time
+    decks = render(*LESSONS)
+    for language, lessons in TRANSLATED_LESSONS.items():
+        if lessons:
+            install_assets(SLIDES_DIR / language, language)
+            decks += render(*lessons, out=SLIDES_DIR / language, language=language)
+    for deck in decks:
         print(f"rendered {deck.relative_to(REPO_ROOT)}")
 
 

@@ -1,5 +1,5 @@
-"""`make handout`: one PDF per lesson in build/handouts, printed from its static deck by
-headless Chromium.
+"""`make handout`: one PDF per lesson in build/handouts (a translated lesson's in
+build/handouts/<language>/), printed from its static deck by headless Chromium.
 
 One slide per page (reveal.js's print mode, `?print-pdf`): fragments are shown all at
 once rather than one page each, a slide is never continued on a second page, and speaker
@@ -75,15 +75,20 @@ def print_deck(page, deck, pdf):
 
 def main():
     """Print every lesson's deck (what `make handout` runs, after `make slides`)."""
-    HANDOUT_DIR.mkdir(parents=True, exist_ok=True)
-    decks = [build_slides.SLIDES_DIR / f"{lesson.stem}.slides.html"
-             for lesson in build_slides.LESSONS]
-    missing = [deck.name for deck in decks if not deck.exists()]
+    # (deck, PDF) for every lesson, English first, then each translation
+    folders = [("", build_slides.LESSONS)]
+    folders += [(language, lessons)
+                for language, lessons in build_slides.TRANSLATED_LESSONS.items()]
+    decks = [(build_slides.SLIDES_DIR / language / f"{lesson.stem}.slides.html",
+              HANDOUT_DIR / language / f"{lesson.stem}.pdf")
+             for language, lessons in folders for lesson in lessons]
+    missing = [deck.relative_to(build_slides.SLIDES_DIR).as_posix()
+               for deck, _ in decks if not deck.exists()]
     if missing:
         raise SystemExit(f"no deck for {', '.join(missing)}: run `make slides` first")
     with chromium.Chromium() as page:
-        for deck in decks:
-            pdf = HANDOUT_DIR / deck.name.replace(".slides.html", ".pdf")
+        for deck, pdf in decks:
+            pdf.parent.mkdir(parents=True, exist_ok=True)
             slides, notes = print_deck(page, deck, pdf)
             pages = pdf_page_count(pdf.read_bytes())
             print(f"wrote {pdf.relative_to(build_slides.REPO_ROOT)}: {pages} pages "

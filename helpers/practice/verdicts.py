@@ -34,6 +34,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from helpers.language import verdict_line
 from helpers.paths import REPO_ROOT
 
 CORRECT, WRONG, NOT_DONE = "correct", "not quite", "not done yet"
@@ -55,7 +56,8 @@ class Verdict:
         starts_with_a_name = "_" in first_word or "(" in first_word or "`" in first_word
         message = (self.message if starts_with_a_name
                    else self.message[:1].upper() + self.message[1:])
-        return f"Exercise {self.exercise}: {self.status}. {message}"
+        # in the notebook's language: notebooks/hi/practice prints it in Hindi
+        return verdict_line(self.exercise, self.status, message)
 
 
 class Wrong(Exception):
