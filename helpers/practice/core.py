@@ -146,16 +146,25 @@ def check(exercise, answer):
 
 
 def judge(exercise, answer):
-    """(status, message) for a finished answer; Wrong and NotDone pass through."""
-    for index, config in enumerate(exercise.configs):
-        got = outcome(exercise, answer, config)
+    """(status, message) for a finished answer; Wrong and NotDone pass through.
+
+    Where the answer differs from the intended one on a configuration, the mistake it
+    made is the one whose outcomes are the same as the answer's on every configuration.
+    """
+    configs = range(len(exercise.configs))
+    for index in configs:
+        got = outcome(exercise, answer, exercise.configs[index])
         expected = cached_outcome(exercise, "intended", index)
         if isinstance(expected, Raised):
             raise RuntimeError(f"the intended answer raised {expected.error}")
         if exercise.same(got, expected):
             continue
+        answers = {i: got if i == index else outcome(exercise, answer,
+                                                     exercise.configs[i])
+                   for i in configs}
         for mistake, (hint, _) in enumerate(exercise.mistakes):
-            if exercise.same(got, cached_outcome(exercise, mistake, index)):
+            if all(exercise.same(answers[i], cached_outcome(exercise, mistake, i))
+                   for i in configs):
                 return WRONG, (f"calling {exercise.name} raised {got.error}: {hint}"
                                if isinstance(got, Raised) else hint)
         if isinstance(got, Raised):
@@ -163,7 +172,7 @@ def judge(exercise, answer):
                          if text in got.error),
                         "run it on its own to see the full error.")
             return WRONG, f"calling {exercise.name} raised {got.error}. Hint: {hint}"
-        return WRONG, exercise.describe(got, expected, config)
+        return WRONG, exercise.describe(got, expected, exercise.configs[index])
     first = cached_outcome(exercise, "intended", 0)
     return CORRECT, exercise.correct(first, exercise.configs[0])
 
@@ -207,7 +216,8 @@ def learner(function, *args, **kwargs):
     except (Wrong, NotDone, LearnerRaised):
         raise
     except Exception as error:
-        raise LearnerRaised(describe_error(error)) from None
+        # its first sentence: the rest of a library's message is advice of its own
+        raise LearnerRaised(describe_error(error).split(".  ")[0].rstrip(".")) from None
     if result is Ellipsis:
         raise NotDone(f"{getattr(function, '__name__', 'your function')} still returns "
                       "`...`: replace each `...` in it with your code, run that cell, "
