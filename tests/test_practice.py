@@ -206,7 +206,7 @@ def test_practice_and_solution_differ_only_in_the_exercise_cells(stem, read_note
                                                 "of the two notebooks")
 
 
-@pytest.mark.parametrize("stem", ["05_mixed_precision"])
+@pytest.mark.parametrize("stem", ["05_mixed_precision", "01_gradient_checkpointing"])
 def test_each_solution_is_explained_above_it(stem, read_notebook):
     cells = read_notebook(PRACTICE / f"{stem}_solution.ipynb")["cells"]
     for above, cell in zip(cells, cells[1:]):

@@ -263,9 +263,9 @@ def plural(count, word):  # 1 layer, 2 layers
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
-def listed(items):  # a; a and b; a, b and c
+def listed(items):  # a; a and b; a, b and c; "" for none
     items = [str(item) for item in items]
-    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+    return ", ".join(items[:-1]) + " and " * (len(items) > 1) + "".join(items[-1:])
 
 
 def short_repr(value, limit=80):
