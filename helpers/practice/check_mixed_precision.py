@@ -321,18 +321,36 @@ INIT_SCALE = 2.0**20  # high on purpose: the first steps overflow and must be sk
 STEPS, BATCH = 8, 8
 
 
-def intended_float16_loop(model, optimizer, scaler, batches, max_grad_norm):
-    """The intended answer of exercise 5.4."""
-    device_type = next(model.parameters()).device.type
-    for batch in batches:
-        with torch.autocast(device_type, dtype=torch.float16):
-            loss = model(**batch).loss
-        scaler.scale(loss).backward()
-        scaler.unscale_(optimizer)  # the gradients' true size, for clipping
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad()
+def float16_loop(after_forward):
+    """``train_float16`` as a learner writes it: ``after_forward`` is the code that
+    follows the forward pass in each step."""
+    namespace = {"torch": torch}
+    exec("def train_float16(model, optimizer, scaler, batches, max_grad_norm):\n"
+         "    for batch in batches:\n"
+         "        with torch.autocast(model.device.type, dtype=torch.float16):\n"
+         "            loss = model(**batch).loss\n"
+         + textwrap.indent(textwrap.dedent(after_forward), " " * 8), namespace)
+    return namespace["train_float16"]
+
+
+# the intended answer of 5.4 after the forward pass (unscale_: clip the true sizes)
+INTENDED_STEPS = """\
+scaler.scale(loss).backward()
+scaler.unscale_(optimizer)
+torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+scaler.step(optimizer)
+scaler.update()
+optimizer.zero_grad()
+"""
+intended_float16_loop = float16_loop(INTENDED_STEPS)
+
+
+def intended_but(old, new=None):
+    """The intended loop with ``old`` written as ``new`` (without its line if None)."""
+    if new is None:  # the line left out
+        return float16_loop("".join(line for line in INTENDED_STEPS.splitlines(True)
+                                    if old not in line))
+    return float16_loop(INTENDED_STEPS.replace(old, new))
 
 
 def float16_run(loop, max_grad_norm):
@@ -364,18 +382,6 @@ def same_training(got, expected):
             and (a - b).nan_to_num().norm() <= 0.01 * b.nan_to_num().norm())
 
 
-def float16_loop(after_forward):
-    """``train_float16`` as a learner writes it: ``after_forward`` is the code that
-    follows the forward pass in each step."""
-    namespace = {"torch": torch}
-    exec("def train_float16(model, optimizer, scaler, batches, max_grad_norm):\n"
-         "    for batch in batches:\n"
-         "        with torch.autocast(model.device.type, dtype=torch.float16):\n"
-         "            loss = model(**batch).loss\n"
-         + textwrap.indent(textwrap.dedent(after_forward), " " * 8), namespace)
-    return namespace["train_float16"]
-
-
 def describe_float16(got, expected, max_grad_norm):
     if got["update"].isnan().any():
         return ("some weights are NaN: a step ran on gradients that overflowed. Hint: "
@@ -387,55 +393,40 @@ def describe_float16(got, expected, max_grad_norm):
             "scaler.update(), optimizer.zero_grad().")
 
 
-CLIP = "torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)\n"
 FLOAT16_LOOP = Exercise(
     "5.4", measure=float16_run, intended=intended_float16_loop, configs=(1.0, 0.25),
     name="train_float16", same=same_training, describe=describe_float16,
     mistakes=[
         ("you clipped the scaled gradients: their norm is the true norm times the "
          "scale, so clipping shrank them far below max_grad_norm. Hint: "
-         "scaler.unscale_(optimizer) before clip_grad_norm_.", float16_loop(
-             "scaler.scale(loss).backward()\n" + CLIP + "scaler.step(optimizer)\n"
-             "scaler.update()\noptimizer.zero_grad()")),
+         "scaler.unscale_(optimizer) before clip_grad_norm_.",
+         intended_but("scaler.unscale_(optimizer)")),
         ("the gradients were never clipped to max_grad_norm. Hint: after "
          "scaler.unscale_(optimizer), torch.nn.utils.clip_grad_norm_("
-         "model.parameters(), max_grad_norm).", float16_loop(
-             "scaler.scale(loss).backward()\nscaler.unscale_(optimizer)\n"
-             "scaler.step(optimizer)\nscaler.update()\noptimizer.zero_grad()")),
+         "model.parameters(), max_grad_norm).", intended_but("torch.nn.utils.clip")),
         ("you clipped at 1.0, not at max_grad_norm: with max_grad_norm=0.25 the "
          "gradients stayed 4 times too large. Hint: clip_grad_norm_(..., "
-         "max_grad_norm).", float16_loop(
-             "scaler.scale(loss).backward()\nscaler.unscale_(optimizer)\n"
-             + CLIP.replace("max_grad_norm)", "1.0)") +
-             "scaler.step(optimizer)\nscaler.update()\noptimizer.zero_grad()")),
+         "max_grad_norm).", intended_but("max_grad_norm)", "1.0)")),
         ("clip_grad_value_ clips each gradient element to +-max_grad_norm; Trainer "
          "scales all gradients together, so that their norm is at most max_grad_norm."
-         " Hint: torch.nn.utils.clip_grad_norm_.", float16_loop(
-             "scaler.scale(loss).backward()\nscaler.unscale_(optimizer)\n"
-             + CLIP.replace("norm_", "value_") +
-             "scaler.step(optimizer)\nscaler.update()\noptimizer.zero_grad()")),
+         " Hint: torch.nn.utils.clip_grad_norm_.", intended_but("norm_(", "value_(")),
         ("the scaler never scaled a loss, so it has nothing to unscale. Hint: "
-         "scaler.scale(loss).backward().", float16_loop(
-             "loss.backward()\nscaler.unscale_(optimizer)\n" + CLIP +
-             "scaler.step(optimizer)\nscaler.update()\noptimizer.zero_grad()")),
-        ("without scaler.update() the scaler is not ready for the next step. Hint: "
-         "call scaler.update() after scaler.step(optimizer), every step.",
-         float16_loop("scaler.scale(loss).backward()\nscaler.unscale_(optimizer)\n"
-                      + CLIP + "scaler.step(optimizer)\noptimizer.zero_grad()")),
-        ("scaler.update() needs scaler.step(optimizer) first, in the same step: "
-         "scaler.step records whether the gradients overflowed. Hint: "
-         "scaler.step(optimizer) instead of optimizer.step().", float16_loop(
-             "scaler.scale(loss).backward()\noptimizer.step()\nscaler.update()\n"
-             "optimizer.zero_grad()")),
+         "scaler.scale(loss).backward().", intended_but("scaler.scale(loss)", "loss")),
+        ("scaler.unscale_(optimizer) ran after a scaler.step(optimizer) with no "
+         "scaler.update() between them. Hint: every batch, in this order: unscale_, "
+         "clip, scaler.step(optimizer), scaler.update().",
+         intended_but("scaler.update()")),
+        ("scaler.update() found no scaler.step(optimizer) since the last update: "
+         "scaler.step records whether the gradients overflowed, and update reads it. "
+         "Hint: every batch, scaler.step(optimizer) (not optimizer.step()), then one "
+         "scaler.update().", float16_loop("scaler.scale(loss).backward()\n"
+                                          "optimizer.step()\nscaler.update()\n")),
         ("your optimizer.step() stepped on gradients that had overflowed, so the "
          "weights are NaN: scaler.step(optimizer) skips such steps. Hint: "
-         "scaler.step(optimizer) instead of optimizer.step().", float16_loop(
-             "scaler.scale(loss).backward()\nscaler.unscale_(optimizer)\n" + CLIP +
-             "optimizer.step()\nscaler.update()\noptimizer.zero_grad()")),
+         "scaler.step(optimizer) instead of optimizer.step().",
+         intended_but("scaler.step(optimizer)", "optimizer.step()")),
         ("the gradients of each step were added to the previous ones. Hint: "
-         "optimizer.zero_grad() after each step.", float16_loop(
-             "scaler.scale(loss).backward()\nscaler.unscale_(optimizer)\n" + CLIP +
-             "scaler.step(optimizer)\nscaler.update()"))],
+         "optimizer.zero_grad() after each step.", intended_but("zero_grad"))],
     error_hints=[("unscale_() has already been called", "call scaler.unscale_("
                   "optimizer) once per step, before clipping.")],
     correct=lambda got, max_grad_norm: (

@@ -3,13 +3,9 @@
 An ``Exercise`` is a ``measure`` (what an answer does on a configuration), the intended
 answer, and its typical mistakes as code, each with its hint. ``check`` runs the answer
 and the intended one through the same measure and, only where they differ, names the
-mistake whose outcome the answer shares. One of four verdicts, never an exception:
-
-    Exercise 5.4: not quite. The gradients were never clipped ... Hint: ...
-
-correct; not quite; not done yet (a `...` left); or the check itself failed (an
-exception in the check's own code, reported as its bug). A learner's exception is one
-sentence; ``explaining_warnings`` turns warnings into advice and hides none.
+mistake whose outcomes the answer shares. It prints one of four verdicts, never raises:
+correct; not quite (with a hint); not done yet (a `...` left); the check itself failed
+(its own bug). A learner's exception is one sentence; a warning is explained or shown.
 """
 import ast
 import contextlib
@@ -93,8 +89,7 @@ def close(rel=1e-6, abs_=1e-9):  # an Exercise's ``same``, with these tolerances
 
 @dataclass(frozen=True, eq=False)  # compared and hashed by identity: a cache key
 class Exercise:
-    """One exercise: how to measure an answer, the right one, and the usual wrong
-    ones."""
+    """One exercise: how to measure an answer, the right one, the usual wrong ones."""
 
     number: str  # "5.4"
     measure: Callable  # measure(answer, config) -> outcome; runs the answer
@@ -113,14 +108,10 @@ def checker(exercise):
     """Turn ``answer_of(*learner_args) -> answer`` into the learner's check: it prints
     ``check(exercise, answer)``; its ``.verdict(...)`` returns the Verdict (tests)."""
     def decorate(answer_of):
-        def verdict(*args, **kwargs):
-            return check(exercise, answer_of(*args, **kwargs))
-
         @functools.wraps(answer_of)
         def show(*args, **kwargs):
-            print(verdict(*args, **kwargs))
-
-        show.verdict = verdict
+            print(show.verdict(*args, **kwargs))
+        show.verdict = lambda *args, **kw: check(exercise, answer_of(*args, **kw))
         return show
     return decorate
 
@@ -207,10 +198,8 @@ class LearnerRaised(Exception):
 
 
 def learner(function, *args, **kwargs):
-    """Call the learner's code (or code that runs it); its exception becomes one line.
-
-    A function that still returns ``...`` is not done yet.
-    """
+    """Call the learner's code (or code that runs it): its exception becomes one line,
+    and a function that still returns ``...`` is not done yet."""
     try:
         result = function(*args, **kwargs)
     except (Wrong, NotDone, LearnerRaised):

@@ -64,13 +64,9 @@ def fresh_accelerate_state():
 
 def trainer_run(examples, micro_batch_size, accumulation=1, make_args=None,
                 model=None, compute_loss_func=None, **arguments):
-    """Train (``model`` or a fresh tiny model) with Trainer for one optimizer step over
-    the first ``examples`` training examples, in order; return the Trainer.
-
-    ``make_args(output_dir)`` (a learner's) or ``arguments`` give the TrainingArguments;
-    the step's size, logging and saving are set here. The output folder is temporary and
-    nothing is saved; the global random state and Accelerate's are put back after.
-    """
+    """The Trainer after one step of ``model`` (or a fresh tiny one) on the first
+    ``examples`` examples, in order, with ``make_args(output_dir)``'s TrainingArguments
+    or ``arguments``; nothing saved, the random and Accelerate states put back."""
     from transformers import DataCollatorWithPadding, Trainer, TrainingArguments
     from transformers.trainer_callback import PrinterCallback
 
