@@ -111,15 +111,15 @@ def check_region_before_b_prediction(prediction):
 # --- 1.2: the switch in Transformers, a colleague's line fixed ----------------------
 
 def tiny_batch(model, seed):
-    """8 sequences of 64 random ordinary tokens (no [PAD], [CLS]...), labels 0, 1..."""
+    """4 sequences of 32 random ordinary tokens (no [PAD], [CLS]...), labels 0, 1..."""
     from helpers.data import load_tokenizer
 
     special = set(load_tokenizer().all_special_ids)
     ordinary = torch.tensor([i for i in range(model.config.vocab_size)
                              if i not in special])
-    picks = torch.randint(len(ordinary), (8, 64),
+    picks = torch.randint(len(ordinary), (4, 32),
                           generator=torch.Generator().manual_seed(seed))
-    return {"input_ids": ordinary[picks], "labels": torch.tensor([0, 1] * 4)}
+    return {"input_ids": ordinary[picks], "labels": torch.tensor([0, 1] * 2)}
 
 
 def backward_gradients(model, batch, seed=0):
@@ -440,7 +440,7 @@ def stack_run(forward, case):
     output's value and gradient, KiB kept and peak, the blocks recomputed together,
     those run outside any checkpoint, and the gradients."""
     n_blocks, segments = case
-    blocks, h = gated_blocks(n_blocks, 32, 128, 512)
+    blocks, h = gated_blocks(n_blocks, 32, 128, 256)
     with torch.no_grad():
         expected = run_blocks(blocks, h)
     with explaining_warnings("use_reentrant", "requires_grad=True") as warned:

@@ -141,9 +141,9 @@ def bf16_setups_run(answer, config):
         raise Wrong("make_training_args should return TrainingArguments(...), but "
                     f"returned {type(args).__name__}.")
     with DtypeCounter() as counter:
-        trainer = learner(fixtures.trainer_run, 16, 16, make_args=make_training_args)
+        trainer = learner(fixtures.trainer_run, 8, 8, make_args=make_training_args)
     loss = next(e["loss"] for e in trainer.state.log_history if "loss" in e)
-    batch = fixtures.fixed_batches(16, 1)[0]
+    batch = fixtures.fixed_batches(8, 1)[0]
     with fixtures.fresh_accelerate_state():
         accelerator = learner(make_accelerator)
         if not isinstance(accelerator, Accelerator):

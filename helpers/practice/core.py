@@ -55,8 +55,7 @@ class NotDone(Exception):
 
 
 @dataclass(frozen=True)
-class Raised:
-    """The outcome of an answer that raised: ``Type: first line`` of its exception."""
+class Raised:  # the outcome of an answer that raised: ``Type: its first sentence``
     error: str
 
 
@@ -66,11 +65,8 @@ def same_values(got, expected, rel=1e-6, abs_=1e-9):
     if isinstance(got, Raised) or isinstance(expected, Raised):
         return got == expected
     if hasattr(got, "is_floating_point") and hasattr(expected, "is_floating_point"):
-        import torch
-
         return (got.shape == expected.shape and got.dtype == expected.dtype
-                and torch.allclose(got.float(), expected.float(), rtol=rel, atol=abs_,
-                                   equal_nan=True))
+                and got.float().allclose(expected.float(), rel, abs_, equal_nan=True))
     if isinstance(got, dict) and isinstance(expected, dict):
         return got.keys() == expected.keys() and all(
             same_values(got[k], expected[k], rel, abs_) for k in got)
@@ -137,24 +133,29 @@ def check(exercise, answer):
 
 
 def judge(exercise, answer):
-    """(status, message) for a finished answer; Wrong and NotDone pass through.
+    """(status, message) of a finished answer. Where it differs from the intended one,
+    the mistake it made is the one with its outcomes on every configuration."""
+    listed_as = {id(exercise.intended): "intended"} | {
+        id(wrong): mistake for mistake, (_, wrong) in enumerate(exercise.mistakes)}
+    configs, answers = range(len(exercise.configs)), {}
 
-    Where the answer differs from the intended one on a configuration, the mistake it
-    made is the one whose outcomes are the same as the answer's on every configuration.
-    """
-    configs = range(len(exercise.configs))
+    def answer_outcome(index):  # an answer listed in the exercise is measured once
+        which, config = listed_as.get(id(answer)), exercise.configs[index]
+        if index not in answers:
+            answers[index] = (outcome(exercise, answer, config) if which is None
+                              else cached_outcome(exercise, which, index))
+        return answers[index]
+
     for index in configs:
-        got = outcome(exercise, answer, exercise.configs[index])
+        got = answer_outcome(index)
         expected = cached_outcome(exercise, "intended", index)
         if isinstance(expected, Raised):
             raise RuntimeError(f"the intended answer raised {expected.error}")
         if exercise.same(got, expected):
             continue
-        answers = {i: got if i == index else outcome(exercise, answer,
-                                                     exercise.configs[i])
-                   for i in configs}
+        mistaken = [answer_outcome(i) for i in configs]
         for mistake, (hint, _) in enumerate(exercise.mistakes):
-            if all(exercise.same(answers[i], cached_outcome(exercise, mistake, i))
+            if all(exercise.same(mistaken[i], cached_outcome(exercise, mistake, i))
                    for i in configs):
                 return WRONG, (f"calling {exercise.name} raised {got.error}: {hint}"
                                if isinstance(got, Raised) else hint)
@@ -172,12 +173,11 @@ _outcomes = {}  # (exercise, "intended" or a mistake's index, config index) -> o
 
 
 def cached_outcome(exercise, which, index):
-    """The outcome of the intended answer or of a mistake on a configuration, measured
-    once."""
+    """The intended answer's or a mistake's outcome on a configuration, measured once"""
     key = (exercise, which, index)
     if key not in _outcomes:
-        answer = (exercise.intended if which == "intended"
-                  else exercise.mistakes[which][1])
+        answer = (exercise.mistakes[which][1] if which != "intended"
+                  else exercise.intended)
         try:
             _outcomes[key] = outcome(exercise, answer, exercise.configs[index])
         except Wrong as reason:  # a mistake the measure itself turns down
@@ -193,8 +193,8 @@ def outcome(exercise, answer, config):
         return Raised(str(raised))
 
 
-class LearnerRaised(Exception):
-    """Raised by ``learner``: the learner's code raised (one line about it)."""
+class LearnerRaised(Exception):  # raised by learner(): the learner's code raised
+    pass
 
 
 def learner(function, *args, **kwargs):
