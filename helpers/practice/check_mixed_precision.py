@@ -405,7 +405,7 @@ FLOAT16_LOOP = Exercise(
          "scaler.unscale_(optimizer), torch.nn.utils.clip_grad_norm_("
          "model.parameters(), max_grad_norm).", intended_but("torch.nn.utils.clip")),
         ("you clipped at 1.0, not at max_grad_norm: with max_grad_norm=0.25 the "
-         "gradients stayed 4 times too large. Hint: clip_grad_norm_(..., "
+         "gradients stayed up to 4 times too large. Hint: clip_grad_norm_(..., "
          "max_grad_norm).", intended_but("max_grad_norm)", "1.0)")),
         ("clip_grad_value_ clips each gradient element to +-max_grad_norm; Trainer "
          "scales all gradients together, so that their norm is at most max_grad_norm."
