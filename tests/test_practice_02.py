@@ -47,9 +47,9 @@ def test_2_1_training_arguments():
         "64 x 64 examples, not 64")
     assert_verdict(check(l2.TRAINING_ARGUMENTS, lambda output_dir: TrainingArguments(
         output_dir, evaluation_strategy="epoch")), WRONG, "renamed evaluation_strategy")
+    kwargs = {"keep_going": 1, "use_reentrant": True}  # reentrant: unknown keys fail
     assert_verdict(check(l2.TRAINING_ARGUMENTS, l2.arguments(
-        activation_checkpointing_kwargs={"keep_going": True})), WRONG,
-        "keep_going", "leave it out")
+        activation_checkpointing_kwargs=kwargs)), WRONG, "keep_going", "leave it out")
     assert_verdict(l2.check_training_arguments.verdict(unfinished), NOT_DONE)
 
 
@@ -146,7 +146,7 @@ def test_2_4_step_mean_loss():
             outputs["logits"], dim=-1).gather(1, labels[:, None]).sum()
         / num_items_in_batch.item())
     assert_verdict(l2.check_step_mean_loss.verdict(l2.UNEVEN.intended), CORRECT,
-                   "one SGD step on all 40 examples at once (to ")
+                   "one SGD step on all 40 examples at once")
     def forgot_return(outputs, labels, num_items_in_batch):
         F.cross_entropy(outputs.logits, labels, reduction="sum") / num_items_in_batch
 

@@ -150,11 +150,11 @@ def measure_budget(answer, config):
     """The learner's dict, its parts as numbers (the intended one is measured)."""
     budget = core.learner(answer) if callable(answer) else answer
     fits = budget.get(FITS) if isinstance(budget, dict) else None
-    if not {*PARTS} <= set(budget if isinstance(budget, dict) else ()) or not (
-            isinstance(fits, bool) or str(getattr(fits, "dtype", ""))[-4:] == "bool"):
-        raise core.Wrong("training_bytes should be a dict of the bytes of "
-                         f"{', '.join(map(repr, PARTS))}, and {FITS!r}: True or "
-                         f"False; it is {budget!r:.80}.")
+    truth_value = isinstance(fits, bool) or str(getattr(fits, "dtype", "")) in (
+        "bool", "torch.bool")  # NumPy's and PyTorch's too
+    if not (isinstance(budget, dict) and set(PARTS) <= set(budget) and truth_value):
+        raise core.Wrong(f"training_bytes should be a dict of the bytes of {PARTS}, "
+                         f"and {FITS!r}: True or False; it is {budget!r:.80}.")
     return {**{part: core.as_number(budget[part], f"training_bytes[{part!r}]")
                for part in PARTS}, FITS: bool(fits)}
 
@@ -368,9 +368,6 @@ ADAFACTOR_STATE = prediction(
     [("every tensor also keeps RMS, its root mean square: a 0-dimensional float32 "
       "tensor, 4 bytes per tensor.", lambda shapes, momentum: sum(
           4 * (factored(s) + momentum * math.prod(s)) for s in shapes)),
-     ("`step` is a Python int in Adafactor's state, not a tensor: no tensor bytes.",
-      lambda shapes, momentum: sum(
-          4 * (factored(s) + momentum * math.prod(s)) + 8 for s in shapes)),
      ("a matrix keeps its second moment factored: exp_avg_sq_row and exp_avg_sq_col, "
       "one float32 per row and one per column.", lambda shapes, momentum: sum(
           4 * (1 + momentum) * math.prod(s) + 4 for s in shapes)),
@@ -398,11 +395,7 @@ ADAMW8BIT_STATE = prediction(
      ("a tensor of exactly 4,096 values already gets 8-bit states: float32 states "
       "are for tensors under 4,096 values.", lambda shapes: sum(
           eight_bit(n) if n != 4096 else 8 * n for n in map(math.prod, shapes))
-      + (2048 if max(map(math.prod, shapes)) > 4096 else 0)),
-     ("each state has its own scales: absmax1 and absmax2, one float32 per block "
-      "each.", lambda shapes: tables(shapes) + sum(
-          eight_bit(n) - 4 * math.ceil(n / 256) * (n >= 4096)
-          for n in map(math.prod, shapes)))],
+      + (2048 if max(map(math.prod, shapes)) > 4096 else 0))],
     lambda measured, cases: (f"your 8-bit AdamW predictions match {len(cases)} real "
                              "steps, at the edges too: 4,095 and 4,096 values, and a "
                              "last, partial block of 256."))

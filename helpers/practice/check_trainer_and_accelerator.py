@@ -21,6 +21,7 @@ from helpers.practice.fixtures import (
     trainer_run,
     training_examples,
 )
+from helpers.random_state import global_random_state_kept
 from helpers.trainer_losses import first_logged_losses
 
 WEIGHTS_TOLERANCE = 1e-5 if ON_CPU else 1e-4  # float32 rounding in a step or two
@@ -28,17 +29,16 @@ WEIGHTS_TOLERANCE = 1e-5 if ON_CPU else 1e-4  # float32 rounding in a step or tw
 
 # --- 2.1: the slide's batch on a smaller GPU ---------------------------------------
 
-DEPRECATED = ("gradient_checkpointing", "gradient_checkpointing_kwargs")
+OLD_NAME = "`gradient_checkpointing` is deprecated"  # TrainingArguments' FutureWarning
 
 
 def measure_arguments(make_training_args, config):
-    """The learner's TrainingArguments: their evaluation strategy, the deprecated names
-    they were given, and what one Trainer step with their batch and checkpointing
-    settings did (``trained``)."""
+    """The learner's TrainingArguments: their evaluation strategy, whether they were
+    given the deprecated name, and what one Trainer step with their batch and
+    checkpointing settings did (``trained``)."""
     from transformers import TrainingArguments
 
-    explained = (f"`{old}` is deprecated" for old in DEPRECATED)
-    with (core.explaining_warnings(*explained) as warnings,
+    with (core.explaining_warnings(OLD_NAME) as warnings,
           tempfile.TemporaryDirectory() as folder):
         args = core.learner(make_training_args, folder)
     if not isinstance(args, TrainingArguments):
@@ -54,8 +54,7 @@ def measure_arguments(make_training_args, config):
     if key not in TRAINED:  # settings already trained, by this answer or a mistake
         TRAINED[key] = core.learner(trained, micro_batch, accumulation, *checkpointing)
     return {"eval_strategy": getattr(args.eval_strategy, "value", args.eval_strategy),
-            **TRAINED[key], "deprecated": tuple(old for old in DEPRECATED if any(
-                f"`{old}` is" in str(warning.message) for warning in warnings))}
+            "deprecated name": bool(warnings), **TRAINED[key]}
 
 
 TRAINED = {}  # repr of the settings -> what one step with them did
@@ -92,12 +91,11 @@ def arguments(**changed):
 
 
 def describe_arguments(got, expected, config):
-    rows = got["micro-batches"]
-    return (f"one optimizer step learned from {sum(rows)} examples in micro-batches of "
-            f"{core.listed(sorted(set(rows)))}, each layer ran "
-            f"{core.listed(got['runs per micro-batch'])} times per micro-batch, and "
-            f"eval_strategy is {got['eval_strategy']!r}. Hint: 64 examples per step, 8 "
-            'at a time, every layer recomputed (2 runs), eval_strategy="epoch".')
+    return (f"one optimizer step learned from {sum(got['micro-batches'])} examples in "
+            f"micro-batches of {core.listed(sorted(set(got['micro-batches'])))}, each "
+            f"layer ran {core.listed(got['runs per micro-batch'])} times per "
+            f"micro-batch, and eval_strategy is {got['eval_strategy']!r}. Hint: 64 "
+            'examples per step, 8 at a time, every layer recomputed, eval "epoch".')
 
 
 TRAINING_ARGUMENTS = core.Exercise(
@@ -112,9 +110,6 @@ TRAINING_ARGUMENTS = core.Exercise(
         ("one micro-batch of 64 examples is exactly what does not fit: accumulate 8 "
          "micro-batches of 8 instead.",
          arguments(per_device_train_batch_size=64, gradient_accumulation_steps=1)),
-        ("micro-batches of 4 are smaller than what fits, 8: they only add forward "
-         "passes, 16 per step here.",
-         arguments(per_device_train_batch_size=4, gradient_accumulation_steps=16)),
         ("no layer was recomputed in backward: activation checkpointing is off "
          "(activation_checkpointing=True).", arguments(activation_checkpointing=False)),
         ("only 1 of the model's 2 layers was recomputed: every_n_layers=2 leaves the "
@@ -131,8 +126,7 @@ TRAINING_ARGUMENTS = core.Exercise(
                                 "eval_strategy."),
         ("Unexpected keyword", "Trainer passes activation_checkpointing_kwargs' keys "
                                "other than every_n_layers and offload to "
-                               "torch.utils.checkpoint.checkpoint; leave it out."),
-        ("unexpected keyword", "check the argument's name: help(TrainingArguments).")],
+                               "torch.utils.checkpoint.checkpoint; leave it out.")],
     describe=describe_arguments, correct=lambda got, config: (
         f"one optimizer step learned from {sum(got['micro-batches'])} examples in "
         f"{len(got['micro-batches'])} micro-batches of {got['micro-batches'][0]} "
@@ -152,8 +146,7 @@ def check_training_arguments(make_training_args):
 
 # 10 micro-batches of 16, accumulated 4 by 4 (steps of 4, 4, 2), then 3 by 3 (3, 3, 3,
 # 1), each for a model whose accepts_loss_kwargs is True and False: one configuration
-SETTINGS = ((4, True), (4, False), (3, True), (3, False))
-MICRO_BATCHES = 10
+SETTINGS, MICRO_BATCHES = ((4, True), (4, False), (3, True), (3, False)), 10
 
 
 @functools.cache
@@ -180,26 +173,26 @@ def trainer_logs(micro_batch_losses, accumulation, accepts_loss_kwargs):
 
 
 def measure_predictions(predict, settings):
-    def numbers(prediction):
-        if not hasattr(prediction, "__iter__") or isinstance(prediction, str):
-            raise core.Wrong("predict_logged_losses should return a list of numbers, "
-                             f"one per optimizer step; it returned {prediction!r:.60}.")
-        return tuple(core.as_number(value, "each logged loss") for value in prediction)
+    predictions = [core.learner(predict, micro_batch_losses(), *setting)
+                   for setting in settings]
+    if any(isinstance(p, str) or not hasattr(p, "__iter__") for p in predictions):
+        raise core.Wrong("predict_logged_losses should return a list of numbers, one "
+                         f"per optimizer step; it returned {predictions[0]!r:.60}.")
+    return tuple(tuple(core.as_number(value, "each logged loss") for value in values)
+                 for values in predictions)
 
-    return tuple(numbers(core.learner(predict, micro_batch_losses(), *setting))
-                 for setting in settings)
 
-
-def groups(losses, accumulation):
-    return [losses[start:start + accumulation]
-            for start in range(0, len(losses), accumulation)]
+def logged(losses, accumulation, summed):
+    """A learner's rule: each step's sum, or its mean."""
+    steps = [losses[i:i + accumulation] for i in range(0, len(losses), accumulation)]
+    return [sum(step) / (1 if summed else len(step)) for step in steps]
 
 
 def describe_predictions(got, expected, settings):
-    mine, logged, (accumulation, accepts) = next(
+    mine, truth, (accumulation, accepts) = next(
         case for case in zip(got, expected, settings) if not LOGS.same(*case[:2]))
     return (f"with gradient_accumulation_steps={accumulation} and accepts_loss_kwargs="
-            f"{accepts}, Trainer logged [{', '.join(f'{v:.4f}' for v in logged)}], you "
+            f"{accepts}, Trainer logged [{', '.join(f'{v:.4f}' for v in truth)}], you "
             f"predicted [{', '.join(f'{v:.4f}' for v in mine)}]. Hint: Trainer logs "
             f"one loss per optimizer step: the {'sum' if accepts else 'mean'} of its "
             "micro-batches' losses, the last step shorter.")
@@ -213,35 +206,26 @@ LOGS = core.Exercise(
         ("for accepts_loss_kwargs=True Trainer believes the model already divided "
          "its loss by num_items_in_batch, so it divides by nothing: it logs the sum "
          "of each step's micro-batch losses (lesson 2's 4 times too big).",
-         lambda losses, accumulation, accepts: [
-             sum(step) / len(step) for step in groups(losses, accumulation)]),
+         lambda losses, accumulation, accepts: logged(losses, accumulation, False)),
         ("for accepts_loss_kwargs=False (lesson 2's fix), Trainer divides each "
          "micro-batch's loss by the micro-batches of its step: it logs their mean.",
-         lambda losses, accumulation, accepts: [
-             sum(step) for step in groups(losses, accumulation)]),
+         lambda losses, accumulation, accepts: logged(losses, accumulation, True)),
         ("you swapped the two: accepts_loss_kwargs=True logs each step's sum, False "
-         "its mean.", lambda losses, accumulation, accepts: [
-             sum(step) / (len(step) if accepts else 1)
-             for step in groups(losses, accumulation)]),
+         "its mean.", lambda losses, accumulation, accepts: logged(
+             losses, accumulation, not accepts)),
         ("the last step has fewer micro-batches, and Trainer divides by those it "
          "accumulated, not by gradient_accumulation_steps.",
          lambda losses, accumulation, accepts: [
-             sum(step) / (1 if accepts else accumulation)
-             for step in groups(losses, accumulation)]),
+             total / (1 if accepts else accumulation)
+             for total in logged(losses, accumulation, True)]),
         ("that is one number per micro-batch, but Trainer logs once per optimizer "
          "step (logging_steps=1).", lambda losses, accumulation, accepts: losses),
         ("the micro-batches left over at the end of the epoch make one more, smaller "
-         "step, and Trainer logs it too.", lambda losses, accumulation, accepts: [
-             sum(step) / (1 if accepts else len(step))
-             for step in groups(losses, accumulation) if len(step) == accumulation]),
+         "step, and Trainer logs it too.", lambda losses, accumulation, accepts: logged(
+             losses, accumulation, accepts)[:len(losses) // accumulation]),
         ("you grouped the micro-batches 4 at a time, but the check's second run "
          "accumulates 3: group them by the argument accumulation.",
-         lambda losses, accumulation, accepts: [
-             sum(step) / (1 if accepts else len(step)) for step in groups(losses, 4)]),
-        ("your numbers are Trainer's, rounded: return them unrounded (the check "
-         "compares them to within 0.01 %).", lambda losses, accumulation, accepts: [
-             round(sum(step) / (1 if accepts else len(step)), 2)
-             for step in groups(losses, accumulation)])],
+         lambda losses, accumulation, accepts: logged(losses, 4, accepts))],
     correct=lambda logs, settings: (
         f"you predicted all {sum(map(len, logs))} losses that {len(settings)} real "
         "Trainer runs logged: 10 micro-batches accumulated 4 by 4 make 3 optimizer "
@@ -337,20 +321,16 @@ def smaller_learning_rate(accelerator, model, optimizer, dataloader):
 
 
 def describe_loop(got, expected, accumulation):
-    steps, run = len(got["rates"]), f"gradient_accumulation_steps={accumulation}"
+    run = f"with gradient_accumulation_steps={accumulation}, "
     if got["losses"] == "generator":
         return ("fixed_loop is a generator function (it holds `yield`): calling it "
                 "runs none of its body. Hint: collect the losses in a list, return it.")
-    if steps != len(expected["rates"]):
-        return (f"with {run}, the optimizer stepped {steps} times for "
-                f"{2 * accumulation} micro-batches, not 2. Hint: one step every "
-                "gradient_accumulation_steps micro-batches.")
-    if not LOOP.same(got["weights"], expected["weights"]):
-        return (f"with {run}, 2 optimizer steps, but not the weights of 2 plain SGD "
-                f"steps on batches of {8 * accumulation}. Hint: each step must use the "
-                "mean gradient of its micro-batches, and nothing else.")
-    return (f"the weights are right, but fixed_loop returned {got['losses']}, not the "
-            f"mean losses of each step's micro-batches, {expected['losses']}.")
+    if LOOP.same(got["weights"], expected["weights"]):
+        return (f"{run}the weights are right, but fixed_loop returned {got['losses']}, "
+                f"not each step's mean loss, {expected['losses']}.")
+    return (f"{run}{len(got['rates'])} optimizer steps, but not the weights of 2 plain "
+            f"SGD steps on batches of {8 * accumulation}. Hint: each step must use the "
+            "mean gradient of its micro-batches, and nothing else.")
 
 
 PLAIN, DIVIDED = (lambda accelerator, loss: loss.backward(),
@@ -402,13 +382,13 @@ check_fixed_loop = check_fixed_accumulation_loop  # the name practice 2 calls
 
 def compare_with_bigger_batches(loop):
     """Print what ``loop`` did beside 2 plain SGD steps on batches of 16."""
-    with core.one_thread():
+    with core.one_thread(), global_random_state_kept():
         mine, bigger = (measure_loop(answer, 2) for answer in (loop, bigger_batches))
-    print(f"optimizer steps: {len(mine['rates'])} (2 plain steps on batches of 16: 2)")
-    print("weights equal to those of 2 plain SGD steps on batches of 16:",
-          LOOP.same(mine["weights"], bigger["weights"]))
-    print("losses returned:", len(mine["losses"]) if isinstance(mine["losses"], tuple)
-          else mine["losses"])
+    losses = mine["losses"]
+    print(f"optimizer steps: {len(mine['rates'])} (2 plain steps on batches of 16: 2)\n"
+          "weights equal to those of 2 plain SGD steps on batches of 16: "
+          f"{LOOP.same(mine['weights'], bigger['weights'])}\nlosses returned: "
+          f"{len(losses) if isinstance(losses, tuple) else losses}")
 
 
 # --- 2.4: uneven micro-batches, every example alike ---------------------------------
@@ -443,11 +423,11 @@ def one_big_step(examples):
 
 
 def uneven_correct(got, config):
-    gap = (got["weights"] - one_big_step(config[0])).abs().max().item()
-    return (f"a Trainer step over micro-batches of 16, 16 and 8 gave the weights of "
-            f"one SGD step on all 40 examples at once (to {gap:.0e}), and one over 16 "
-            "and 8 those of one on all 24; Trainer logged their mean losses: every "
-            "example weighed alike.")
+    if not UNEVEN.same(got["weights"], one_big_step(config[0])):  # lesson 2's claim
+        raise RuntimeError("the intended loss no longer gives one big step's weights")
+    return ("a Trainer step over micro-batches of 16, 16 and 8 gave the weights of one "
+            "SGD step on all 40 examples at once, and one over 16 and 8 those of one "
+            "on all 24; Trainer logged their mean losses: every example weighed alike.")
 
 
 def summed(outputs, labels, divisor):
@@ -491,9 +471,8 @@ UNEVEN = core.Exercise(
                                "num_items_in_batch=...)."),
         ("has no attribute 'backward'", "return the loss as a tensor, not a number: "
                                         "Trainer calls backward on it."),
-        ("grad can be implicitly created only for scalar", "return one number per "
-                                                           "micro-batch: add up its "
-                                                           "examples' losses."),
+        ("only for scalar", "return one number per micro-batch: add up its examples' "
+                            "losses."),
         ("does not require grad", "return a tensor computed from outputs.logits, with "
                                   "its graph (no .item(), no .detach()).")],
     same=core.close(rel=1e-4, abs_=WEIGHTS_TOLERANCE), correct=uneven_correct,
