@@ -430,8 +430,12 @@ def uneven_correct(got, config):
             "on all 24; Trainer logged their mean losses: every example weighed alike.")
 
 
-def summed(outputs, labels, divisor):
+def summed(outputs, labels, divisor):  # the mistakes' code, as a learner writes it
     return F.cross_entropy(outputs.logits, labels, reduction="sum") / divisor
+
+
+def mean(outputs, labels):
+    return F.cross_entropy(outputs.logits, labels)
 
 
 UNEVEN = core.Exercise(
@@ -443,13 +447,11 @@ UNEVEN = core.Exercise(
         ("your loss is each micro-batch's own mean. With a compute_loss_func, Trainer "
          "does not divide by the accumulation steps (it trusts the function to use "
          "num_items_in_batch), so the means were added: the step went about 3 times "
-         "too far.", lambda outputs, labels, num_items_in_batch: F.cross_entropy(
-             outputs.logits, labels)),
+         "too far.", lambda outputs, labels, num_items_in_batch: mean(outputs, labels)),
         ("you averaged the 3 micro-batch means, but the last micro-batch has 8 "
          "examples, not 16: each of them weighed twice as much as the others. Sum the "
          "micro-batch's losses and divide by num_items_in_batch.",
-         lambda outputs, labels, num_items_in_batch: F.cross_entropy(
-             outputs.logits, labels) / 3),
+         lambda outputs, labels, num_items_in_batch: mean(outputs, labels) / 3),
         ("you returned the sum of the micro-batch's losses: over the step, 40 times "
          "the mean. Divide it by num_items_in_batch.",
          lambda outputs, labels, num_items_in_batch: summed(outputs, labels, 1)),
@@ -458,8 +460,8 @@ UNEVEN = core.Exercise(
          lambda outputs, labels, num_items_in_batch: summed(outputs, labels, 48)),
         ("you divided the micro-batch's mean, already divided by its own examples, "
          "by num_items_in_batch again: divide the sum of its losses instead.",
-         lambda outputs, labels, num_items_in_batch: F.cross_entropy(
-             outputs.logits, labels) / num_items_in_batch),
+         lambda outputs, labels, num_items_in_batch: mean(outputs, labels)
+         / num_items_in_batch),
         ("you divided by 40, the first step's examples, but the check's second step "
          "has 24: divide by num_items_in_batch, which Trainer counts for each step.",
          lambda outputs, labels, num_items_in_batch: summed(outputs, labels, 40))],
