@@ -6,6 +6,7 @@ mistakes. The notebooks themselves are run by nbval; the last tests check the
 practice/solution pairs. Each lesson's checks are tested in tests/test_practice_0N.py.
 """
 import math
+import re
 import warnings
 from fractions import Fraction
 
@@ -189,6 +190,25 @@ def test_practice_and_solution_differ_only_in_the_exercise_cells(stem, read_note
         elif "intro" not in tags:
             assert p["source"] == s["source"], ("a shared cell was edited in only one "
                                                 "of the two notebooks")
+
+
+# the lessons whose practice is on the core: the others join as they are ported
+EXPLAINED = ["02_trainer_and_accelerator", "04_adamw"]
+
+
+@pytest.mark.parametrize("stem", EXPLAINED)
+def test_each_solution_says_why_and_each_heading_how_hard(stem, read_notebook):
+    for kind in ("practice", "solution"):
+        cells = read_notebook(PRACTICE / f"{stem}_{kind}.ipynb")["cells"]
+        for before, cell in zip(cells, cells[1:]):
+            text = "".join(cell["source"])
+            if text.startswith("## Exercise"):
+                assert re.match(r"## Exercise \d\.\d \((easy|medium|hard), \d+ "
+                                r"minutes\): ", text), text.splitlines()[0]
+            if kind == "solution" and "exercise" in cell["metadata"].get("tags", []):
+                why = "".join(before["source"])
+                assert ("**Why this works.**" in why
+                        and "**The usual wrong answer.**" in why), why
 
 
 def outputs_text(cell):
