@@ -173,7 +173,7 @@ def trainer_logs(micro_batch_losses, accumulation, accepts_loss_kwargs):
 
 
 def measure_predictions(predict, settings):
-    predictions = [core.learner(predict, micro_batch_losses(), *setting)
+    predictions = [core.learner(predict, list(micro_batch_losses()), *setting)
                    for setting in settings]
     if any(isinstance(p, str) or not hasattr(p, "__iter__") for p in predictions):
         raise core.Wrong("predict_logged_losses should return a list of numbers, one "
