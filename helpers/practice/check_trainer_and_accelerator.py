@@ -201,7 +201,7 @@ def describe_predictions(got, expected, settings):
 LOGS = core.Exercise(
     "2.2", measure_predictions, trainer_logs, configs=(SETTINGS,),
     name="predict_logged_losses", describe=describe_predictions,
-    same=core.close(rel=1e-4),  # float32 sums in Trainer; rounding to 3 decimals 7e-4
+    same=core.close(rel=1e-4),  # float32 sums in Trainer; the mistakes are far off
     mistakes=[
         ("for accepts_loss_kwargs=True Trainer believes the model already divided "
          "its loss by num_items_in_batch, so it divides by nothing: it logs the sum "
@@ -363,7 +363,7 @@ LOOP = core.Exercise(
         ("the weights are right, but fixed_loop returned None: keep step_losses, the "
          "mean loss of each optimizer step, and return them.", lessons_loop)],
     describe=describe_loop,
-    same=core.close(rel=1e-4, abs_=WEIGHTS_TOLERANCE),  # mistakes move weights by 1e-3
+    same=core.close(rel=1e-4, abs_=WEIGHTS_TOLERANCE),  # mistakes move weights 5e-2+
     correct=lambda got, accumulation: (
         f"{2 * accumulation} micro-batches of 8 gave 2 optimizer steps, the weights of "
         f"2 plain SGD steps on batches of {8 * accumulation}, and the mean loss of "
@@ -477,7 +477,8 @@ UNEVEN = core.Exercise(
                             "losses."),
         ("does not require grad", "return a tensor computed from outputs.logits, with "
                                   "its graph (no .item(), no .detach()).")],
-    same=core.close(rel=1e-4, abs_=WEIGHTS_TOLERANCE), correct=uneven_correct,
+    same=core.close(rel=1e-4, abs_=WEIGHTS_TOLERANCE),  # mistakes move weights 4e-3+
+    correct=uneven_correct,
     describe=lambda got, expected, config: (
         f"after one Trainer step over {config[0]} examples, the weights differ from "
         f"one SGD step on all of them at once (Trainer logged {got['logged']:.4f}, "
