@@ -6,7 +6,6 @@ real optimizer step (weighed), the weights and the loss scale after a real float
 and the loss of a forward pass prepared by the learner's Trainer arguments and
 Accelerator. The hints explain a mismatch from the same measurements.
 """
-import contextlib
 import functools
 import math
 import tempfile
@@ -15,6 +14,14 @@ import torch
 
 from helpers.mixed_precision import DtypeCounter, dtype_name
 from helpers.optimizer_state import optimizer_state_size
+from helpers.practice.fixtures import (
+    DEVICE,
+    ON_CPU,
+    fixed_batches,
+    fresh_accelerate_state,
+    tiny_model,
+    training_examples,
+)
 from helpers.practice.verdicts import (
     Wrong,
     call_learner,
@@ -24,62 +31,6 @@ from helpers.practice.verdicts import (
     require_done,
 )
 from helpers.random_state import global_random_state_kept
-
-# The checks train on the GPU when there is one, as the lessons do (a Trainer with
-# use_cpu=True after the learner's own GPU Accelerator would be refused by Accelerate);
-# exercise 5.1 is about the CPU's autocast.
-ON_CPU = not torch.cuda.is_available()
-DEVICE = torch.device("cpu" if ON_CPU else "cuda")
-
-
-@contextlib.contextmanager
-def fresh_accelerate_state():
-    """A clean Accelerate state for the check's own Accelerators; the learner's state is
-    put back after.
-
-    Accelerate keeps one state per process and refuses to change its mixed precision
-    once set (accelerate/state.py); Transformers' TrainingArguments resets it the same
-    way (training_args.py).
-    """
-    from accelerate.state import AcceleratorState, PartialState
-
-    saved = dict(PartialState._shared_state), dict(AcceleratorState._shared_state)
-    AcceleratorState._reset_state(reset_partial_state=True)
-    try:
-        yield
-    finally:
-        AcceleratorState._reset_state(reset_partial_state=True)
-        PartialState._shared_state.update(saved[0])
-        AcceleratorState._shared_state.update(saved[1])
-
-
-def tiny_model(seed=0):
-    """The tiny DistilBERT, eager attention (lesson 5's training runs), on the checks'
-    device."""
-    from helpers.models import build_model
-
-    model = build_model("tiny", seed=seed)
-    model.set_attn_implementation("eager")
-    return model.to(DEVICE)
-
-
-@functools.lru_cache(maxsize=None)
-def _examples(n):
-    from helpers.data import load_tokenized
-
-    tokenized, tokenizer = load_tokenized()
-    return tokenized["train"].select(range(n)), tokenizer
-
-
-def fixed_batches(batch_size, count):
-    """``count`` batches of ``batch_size`` training examples, the same every time, on
-    the checks' device."""
-    from helpers.data import make_dataloader
-
-    examples, tokenizer = _examples(batch_size * count)
-    return [{key: value.to(DEVICE) for key, value in batch.items()}
-            for batch in make_dataloader(examples, tokenizer, batch_size)]
-
 
 # --- 5.1: which operations run in bfloat16
 # ----------------------------------------------------------------
@@ -211,7 +162,7 @@ def trainer_first_loss(make_training_args):
     from transformers import DataCollatorWithPadding, Trainer
     from transformers.trainer_callback import PrinterCallback
 
-    examples, tokenizer = _examples(16)
+    examples, tokenizer = training_examples(16)
     # save_strategy="no": nothing is written, and the folder goes when the check ends
     # (as in practice 2's checks)
     with (tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as output_dir,
