@@ -218,8 +218,9 @@ def launch(stage, model, settings=None, timeout_s=LAUNCH_TIMEOUT_S):
     this process: built once, the same on each); process 0's report."""
     _check_stage(stage)
     settings = {**SETTINGS, **(settings or {})}
+    # preload=False: the model's code came with the model; the data's is not needed
     return run_in_processes(train_worker, (stage, settings, model), num_processes=2,
-                            timeout_s=timeout_s)
+                            timeout_s=timeout_s, preload=False)
 
 
 RING_FACTOR = {  # bytes a process sends over a ring, per byte of the counted tensor
