@@ -33,9 +33,14 @@ def model_config(size="tiny", num_labels=2):
     return AutoConfig.from_pretrained(folder, num_labels=num_labels)
 
 
-def build_model(size="tiny", num_labels=2, seed=0):
+def build_model(size="tiny", num_labels=2, seed=0, initialise_once=False):
     """DistilBERT for sequence classification, randomly initialised with ``seed``; no
-    download."""
+    download.
+
+    ``initialise_once=True`` (lesson 06) lays the model out on PyTorch's meta device,
+    then allocates it and draws each weight once, from the same distributions: about
+    ten times faster for the base model, with other random values.
+    """
     from transformers import AutoModelForSequenceClassification
 
     config = model_config(size, num_labels)
@@ -45,7 +50,13 @@ def build_model(size="tiny", num_labels=2, seed=0):
     # lesson 03's workers).
     with torch.random.fork_rng(devices=[]):
         torch.default_generator.manual_seed(seed)
-        return AutoModelForSequenceClassification.from_config(config)
+        if not initialise_once:
+            return AutoModelForSequenceClassification.from_config(config)
+        with torch.device("meta"):  # shapes only: no memory, no random draws
+            model = AutoModelForSequenceClassification.from_config(config)
+        model = model.to_empty(device="cpu")
+        model.init_weights()  # Transformers' own initialisation, buffers included
+        return model
 
 
 def count_parameters(model):

@@ -49,13 +49,14 @@ def _require_positive_int(value, name):
 
 
 def three_levers_figure(highlight="memory"):
-    """Lesson 01 (and 00, 03, 04, 05): the three levers of efficient training.
+    """Lesson 01 (and 00, 03, 04, 05, 06): the three levers of efficient training.
 
     ``highlight`` names the lever a lesson pulls; None shows the three alike (lesson
     00's map).
     """
     levers = {
-        "memory": ("Memory\nefficiency", "gradient checkpointing,\noptimizer state"),
+        "memory": ("Memory\nefficiency", "gradient checkpointing,\noptimizer state, "
+                                          "sharding"),
         "communication": ("Communication\nefficiency", "Local SGD"),
         "computation": ("Computation\nefficiency", "mixed precision\n(16-bit "
                                                    "arithmetic)"),
@@ -598,6 +599,16 @@ def memory_grid_figure(states, columns=16):
     return fig
 
 
+def _finished_bars(fig, ax, right, xlabel):
+    """Horizontal bars, the first row on top, from 0 to ``right``, legend low right."""
+    ax.invert_yaxis()
+    ax.set_xlim(0, right)
+    ax.set_xlabel(xlabel)
+    ax.legend(loc="lower right", fontsize=8, frameon=False)
+    fig.tight_layout()
+    return fig
+
+
 def training_memory_figure(memories, n_parameters):
     """Lesson 04: training memory per parameter, one stacked bar per optimizer.
 
@@ -629,12 +640,7 @@ def training_memory_figure(memories, n_parameters):
     for position, total in enumerate(left):
         ax.annotate(f"{total:.1f} bytes", (total, position), textcoords="offset points",
                     xytext=(4, 0), va="center")
-    ax.invert_yaxis()  # the first optimizer on top
-    ax.set_xlim(0, max(left) * 1.2)
-    ax.set_xlabel("bytes per parameter")
-    ax.legend(loc="lower right", fontsize=8, frameon=False)
-    fig.tight_layout()
-    return fig
+    return _finished_bars(fig, ax, max(left) * 1.2, "bytes per parameter")
 
 
 def loss_curves_figure(curves, title=None):
@@ -805,5 +811,94 @@ def speed_reference_figure(machines):
     ax.set_xlim(min(low, 1.0) / 2, max(high, 1.0) * 8)
     ax.set_xlabel("bfloat16 time / float32 time (log scale): "
                   "left of the line, bfloat16 is faster")
+    fig.tight_layout()
+    return fig
+
+
+SHARDING_KINDS = {"weights": MUTED, "gradients": "#969696",
+                  "optimizer state": HIGHLIGHT}
+
+
+def sharding_memory_figure(rows, n_parameters):
+    """Lesson 06: what each stage keeps on one device, in bytes per parameter.
+
+    ``rows`` hold a stage's ``name`` and the bytes one process held between steps of
+    each kind ('weights', 'gradients', 'optimizer state'), and optionally its
+    ``peak`` during a step (drawn as a hatched extension).
+    """
+    _require_rows(rows, "rows", ["name", *SHARDING_KINDS])
+    _require_positive_int(n_parameters, "n_parameters")
+    for i, row in enumerate(rows):
+        values = [row[kind] for kind in SHARDING_KINDS] + (
+            [row["peak"]] if "peak" in row else [])
+        if not all(_finite_number(v) and v >= 0 for v in values):
+            raise ValueError(f"rows[{i}] ({row['name']!r}): bytes must be finite "
+                             f"numbers >= 0, got {values!r}")
+    fig = Figure(figsize=(9, 1.3 + 0.6 * len(rows)))
+    ax = fig.add_subplot()
+    names = [row["name"] for row in rows]
+    left = [0.0] * len(rows)
+    for kind, colour in SHARDING_KINDS.items():
+        widths = [row[kind] / n_parameters for row in rows]
+        ax.barh(names, widths, left=left, color=colour, edgecolor="black", label=kind)
+        left = [a + b for a, b in zip(left, widths)]
+    ends = list(left)
+    for position, (row, rest) in enumerate(zip(rows, left)):
+        label = f"{rest:.1f} between steps"
+        if "peak" in row:
+            peak = row["peak"] / n_parameters
+            ax.barh(position, max(peak - rest, 0), left=rest, color="white",
+                    edgecolor="black", hatch="//",
+                    label="more during the step" if position == 0 else None)
+            ends[position] = max(peak, rest)
+            label += f", {peak:.1f} at the peak"
+        ax.annotate(label, (ends[position], position), textcoords="offset points",
+                    xytext=(4, 0), va="center", fontsize=9)
+    return _finished_bars(fig, ax, max(ends) * 1.55,
+                          "bytes per parameter, on one process")
+
+
+def sharding_at_scale_figure(rows, device_bytes):
+    """Lesson 06: a model's memory per device under each stage, for several device
+    counts, against one device's memory.
+
+    ``rows`` hold ``stage``, ``devices`` (how many share the model) and ``bytes`` (per
+    device); ``device_bytes`` is one device's memory, drawn as a line.
+    """
+    _require_rows(rows, "rows", ["stage", "devices", "bytes"])
+    if not _finite_number(device_bytes) or device_bytes <= 0:
+        raise ValueError(f"device_bytes must be a number > 0 (one device's memory), "
+                         f"got {device_bytes!r}")
+    for i, row in enumerate(rows):
+        if not _finite_number(row["bytes"]) or row["bytes"] < 0:
+            raise ValueError(f"rows[{i}]['bytes'] must be a finite number >= 0, "
+                             f"got {row['bytes']!r}")
+        _require_positive_int(row["devices"], f"rows[{i}]['devices']")
+    counts = list(dict.fromkeys(row["devices"] for row in rows))
+    stages = list(dict.fromkeys(row["stage"] for row in rows))
+    fig = Figure(figsize=(9, 1.1 + 0.3 * len(stages) * len(counts)))
+    ax = fig.add_subplot()
+    height = 0.8 / len(counts)
+    by_key = {(row["stage"], row["devices"]): row["bytes"] for row in rows}
+    for j, count in enumerate(counts):
+        for i, stage in enumerate(stages):
+            if (stage, count) not in by_key:
+                continue
+            value = by_key[stage, count] / 1e9
+            fits = by_key[stage, count] <= device_bytes
+            y = i + j * height
+            ax.barh(y, value, height=height * 0.9,
+                    color=HIGHLIGHT if fits else MUTED, edgecolor="black")
+            ax.text(max(value, device_bytes / 1e9) + device_bytes / 1e9 * 0.03, y,
+                    f"{value:,.0f} GB on {count} devices"
+                    + ("" if fits else ": does not fit"), va="center", fontsize=8)
+    ax.axvline(device_bytes / 1e9, color="black", lw=1.5, ls="--",
+               label=f"one device: {device_bytes / 1e9:,.0f} GB")
+    ax.legend(loc="lower right", fontsize=8, frameon=False)
+    ax.set_yticks([i + 0.4 - height / 2 for i in range(len(stages))], stages)
+    ax.invert_yaxis()
+    most = max(row["bytes"] for row in rows) / 1e9
+    ax.set_xlim(0, max(most, device_bytes / 1e9) * 1.45)
+    ax.set_xlabel("GB per device (10^9 bytes)")
     fig.tight_layout()
     return fig

@@ -71,6 +71,13 @@ SPEEDS = {"this machine": {"large matrix multiply": 1.6, "tiny step": 2.7},
           "Xeon, recorded": {"large matrix multiply": 1.9}}
 
 # function name -> (arguments, number of panels, words the figure must show)
+SHARDING_ROWS = [  # bytes of 10 parameters, as lesson 06 measures them
+    {"name": "DDP", "weights": 40, "gradients": 40, "optimizer state": 80, "peak": 200},
+    {"name": "ZeRO-3", "weights": 20, "gradients": 20, "optimizer state": 40},
+]
+AT_SCALE = [{"stage": stage, "devices": 8, "bytes": per_parameter * 7e9}
+            for stage, per_parameter in (("DDP", 16), ("ZeRO-3", 2))]
+
 GOOD = {
     "three_levers_figure": (dict(highlight="communication"), 1,
                             ["Three levers of efficient training"]),
@@ -150,6 +157,18 @@ GOOD = {
         1,
         ["large matrix multiply", "tiny step", "1.60x  this machine",
          "1.90x  Xeon, recorded", "left of the line, bfloat16 is faster"],
+    ),
+    "sharding_memory_figure": (
+        dict(rows=SHARDING_ROWS, n_parameters=10),
+        1,
+        ["DDP", "ZeRO-3", "optimizer state", "more during the step",
+         "16.0 between steps, 20.0 at the peak", "bytes per parameter, on one process"],
+    ),
+    "sharding_at_scale_figure": (
+        dict(rows=AT_SCALE, device_bytes=80e9),
+        1,
+        ["DDP", "112 GB on 8 devices: does not fit", "14 GB on 8 devices",
+         "one device: 80 GB"],
     ),
     "loss_curves_figure": (
         dict(curves=CURVES, title="tiny DistilBERT"),
@@ -299,6 +318,17 @@ BAD = [
      "at most 4 states"),
     ("memory_grid_figure", dict(states={"gradient": [1.0] * 30}),
      "'gradient' has 30 values; .* multiple of columns=16"),
+    ("sharding_memory_figure", dict(rows=[{"name": "DDP", "weights": 4}],
+                                    n_parameters=1), r"rows\[0\] lacks 'gradients'"),
+    ("sharding_memory_figure", dict(rows=[{**SHARDING_ROWS[0], "peak": float("nan")}],
+                                    n_parameters=10), "bytes must be finite numbers"),
+    ("sharding_memory_figure", dict(rows=SHARDING_ROWS, n_parameters=0),
+     "n_parameters must be a positive integer"),
+    ("sharding_at_scale_figure", dict(rows=AT_SCALE, device_bytes=0),
+     "device_bytes must be a number > 0"),
+    ("sharding_at_scale_figure", dict(rows=[{**AT_SCALE[0], "devices": 0}],
+                                      device_bytes=80e9),
+     r"rows\[0\]\['devices'\] must be a positive integer"),
 ]
 
 
@@ -329,3 +359,18 @@ def test_the_speed_figure_draws_each_ratio_and_the_line_at_one():
     ax = plots.speed_reference_figure(SPEEDS).axes[0]
     assert sorted(round(bar.get_width(), 2) for bar in ax.patches) == [1.6, 1.9, 2.7]
     assert [line.get_xdata()[0] for line in ax.lines] == [1.0]
+
+
+def test_the_sharding_figure_stacks_the_kinds_and_hatches_only_the_peak():
+    ax = plots.sharding_memory_figure(SHARDING_ROWS, n_parameters=10).axes[0]
+    bars = [p for p in ax.patches if p.get_height() > 0]
+    ends = sorted(round(b.get_x() + b.get_width(), 6) for b in bars
+                  if not b.get_hatch())
+    assert ends == [2.0, 4.0, 4.0, 8.0, 8.0, 16.0]  # weights, gradients, state: stacked
+    assert [b.get_width() for b in bars if b.get_hatch()] == [4.0]  # DDP: 20 - 16
+
+
+def test_the_scale_figure_marks_what_does_not_fit():
+    fig = plots.sharding_at_scale_figure(AT_SCALE, device_bytes=80e9)
+    colours = [p.get_facecolor() for p in fig.axes[0].patches]
+    assert colours[0] != colours[1]  # DDP does not fit, ZeRO-3 does

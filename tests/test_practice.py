@@ -172,7 +172,8 @@ def test_a_learners_nan_is_not_quite_never_a_check_that_failed_itself():
 # ------------------------------------------------------------------------
 
 LESSONS = ["01_gradient_checkpointing", "02_trainer_and_accelerator", "03_local_sgd",
-           "04_adamw", "05_mixed_precision"]
+           "04_adamw", "05_mixed_precision", "06_sharding"]
+# markdown that only a solution has: why its answer works, the usual wrong one
 
 
 @pytest.mark.parametrize("stem", LESSONS)
@@ -194,7 +195,7 @@ def test_practice_and_solution_differ_only_in_the_exercise_cells(stem, read_note
 
 # the lessons whose practice is on the core: the others join as they are ported
 EXPLAINED = ["01_gradient_checkpointing", "02_trainer_and_accelerator", "04_adamw",
-             "05_mixed_precision"]
+             "05_mixed_precision", "06_sharding"]
 
 
 @pytest.mark.parametrize("stem", EXPLAINED)

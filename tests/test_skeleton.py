@@ -54,6 +54,21 @@ def test_the_seed_gives_the_weights_of_seeding_torch_and_building_from_the_confi
     )
 
 
+def test_initialising_once_draws_from_the_same_distributions():
+    usual, once = build_model("tiny"), build_model("tiny", initialise_once=True)
+    buffers = dict(once.named_buffers())  # position ids: not in the state dict
+    assert all(torch.equal(buffers[name], b) for name, b in usual.named_buffers())
+    for (name, a), (other, b) in zip(usual.named_parameters(), once.named_parameters()):
+        assert (name, a.shape, a.dtype) == (other, b.shape, b.dtype)
+        assert torch.isfinite(b).all(), name  # nothing left as to_empty's garbage
+        if a.numel() >= 1000:  # enough values for their spread to agree
+            assert b.std().item() == pytest.approx(a.std().item(), rel=0.2), name
+        else:  # biases 0, LayerNorm weights 1: the same values
+            assert b.std() <= a.std() * 1.2 + 1e-6, name
+    assert build_model("tiny", seed=3, initialise_once=True).state_dict().keys() == (
+        usual.state_dict().keys())
+
+
 def test_building_a_model_leaves_the_learners_random_numbers_alone():
     def draws_after_seeding(build_first):
         torch.manual_seed(123)
