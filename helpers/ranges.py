@@ -1,4 +1,4 @@
-"""Measured values checked against the ranges a lesson declares (lessons 01-05, in each
+"""Measured values checked against the ranges a lesson declares (lessons 01-06, in each
 summary cell).
 
 A count, a shape or a byte count computed from shapes is the same on every machine: the

@@ -73,7 +73,7 @@ def check_bytes_per_process(bytes_per_process):
 
 # --- 6.2: the first stage that fits
 def first_fitting(parameters, n, gpu_bytes, activation_bytes):
-    """The first stage (the least communication) whose bytes fit, else None."""
+    """The first stage (the least split) whose bytes fit, else None."""
     return next((stage for stage in STAGES if formula_bytes(stage, parameters, n)
                  + activation_bytes <= gpu_bytes), None)
 

@@ -1,4 +1,4 @@
-"""The practice core: one judge for every practice check (lessons 01-05).
+"""The practice core: one judge for every practice check (lessons 01-06).
 
 An ``Exercise`` is a ``measure`` (what an answer does on a configuration), the intended
 answer, and its typical mistakes as code, each with its hint. ``check`` runs the answer
