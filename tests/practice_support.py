@@ -5,7 +5,7 @@ import random
 import numpy as np
 import torch
 
-from helpers.practice.verdicts import CORRECT, Verdict
+from helpers.practice.core import CORRECT, WRONG, Verdict, cached_outcome, check
 
 
 def assert_verdict(verdict, status, *fragments):
@@ -25,3 +25,19 @@ def draws_after_seeding(run_check=None):
     if run_check is not None:
         assert_verdict(run_check(), CORRECT)
     return torch.rand(4).tolist(), random.random(), np.random.rand()
+
+
+def assert_judged(exercise, *right_answers):
+    """The intended answer and ``right_answers`` pass; each mistake gets its own hint,
+    and differs from every other mistake on some configuration."""
+    for answer in (exercise.intended, *right_answers):
+        assert_verdict(check(exercise, answer), CORRECT)
+    for hint, wrong in exercise.mistakes:
+        assert_verdict(check(exercise, wrong), WRONG, hint)
+    n = len(exercise.mistakes)
+    for first in range(n):
+        for second in range(first + 1, n):
+            assert not all(
+                exercise.same(cached_outcome(exercise, first, index),
+                              cached_outcome(exercise, second, index))
+                for index in range(len(exercise.configs))), (first, second)

@@ -192,6 +192,9 @@ LESSONS = ["01_gradient_checkpointing", "02_trainer_and_accelerator", "03_local_
 def test_practice_and_solution_differ_only_in_the_exercise_cells(stem, read_notebook):
     practice = read_notebook(PRACTICE / f"{stem}_practice.ipynb")["cells"]
     solution = read_notebook(PRACTICE / f"{stem}_solution.ipynb")["cells"]
+    # the solution's own cells, tagged "explanation", explain the solution cell below
+    solution = [c for c in solution
+                if "explanation" not in c["metadata"].get("tags", [])]
     assert len(practice) == len(solution)
     for p, s in zip(practice, solution):
         tags = p["metadata"].get("tags", [])
@@ -201,6 +204,16 @@ def test_practice_and_solution_differ_only_in_the_exercise_cells(stem, read_note
         elif "intro" not in tags:
             assert p["source"] == s["source"], ("a shared cell was edited in only one "
                                                 "of the two notebooks")
+
+
+@pytest.mark.parametrize("stem", ["05_mixed_precision", "01_gradient_checkpointing"])
+def test_each_solution_is_explained_above_it(stem, read_notebook):
+    cells = read_notebook(PRACTICE / f"{stem}_solution.ipynb")["cells"]
+    for above, cell in zip(cells, cells[1:]):
+        if "exercise" in cell["metadata"].get("tags", []):
+            text = "".join(above["source"])
+            assert "explanation" in above["metadata"].get("tags", []), text
+            assert "**Why this works**" in text and "**The usual wrong answer**" in text
 
 
 def outputs_text(cell):

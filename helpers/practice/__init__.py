@@ -2,6 +2,7 @@
 
 One module per lesson, named for the lesson it checks: ``check_gradient_checkpointing``
 (01), ``check_trainer_and_accelerator`` (02), ``check_local_sgd`` (03), ``check_adamw``
-(04), ``check_mixed_precision`` (05). What they share (the verdicts, spotting a `...`
-left to fill in, turning a learner's exception into one sentence) is in ``verdicts``.
+(04), ``check_mixed_precision`` (05). Each is built on ``core`` (the judge, the four
+verdicts, mistakes as code) and ``fixtures`` (what answers run on); ``verdicts`` holds
+the older checks' tools until every check is on the core.
 """

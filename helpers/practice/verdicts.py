@@ -21,50 +21,27 @@ the ``Verdict`` without printing, for the tests. A check hides no warning:
 ``explaining_warnings`` turns the ones it understands into advice in the verdict and
 lets every other one through.
 """
-import ast
 import contextlib
 import functools
-import inspect
 import math
 import operator
-import re
-import textwrap
-import traceback
-import warnings
-from dataclasses import dataclass
-from pathlib import Path
 
-from helpers.paths import REPO_ROOT
-
-CORRECT, WRONG, NOT_DONE = "correct", "not quite", "not done yet"
-# an exception in the checker's code: a bug to report, not a wrong answer
-CHECK_FAILED = "the check itself failed"
-HELPERS_DIR = REPO_ROOT / "helpers"  # where the checks' code lives
-
-
-@dataclass
-class Verdict:
-    """What a check says about one exercise: its status and a message in plain words."""
-
-    exercise: str
-    status: str  # CORRECT, WRONG, NOT_DONE or CHECK_FAILED
-    message: str
-
-    def __str__(self):
-        first_word = self.message.split(" ", 1)[0]
-        starts_with_a_name = "_" in first_word or "(" in first_word or "`" in first_word
-        message = (self.message if starts_with_a_name
-                   else self.message[:1].upper() + self.message[1:])
-        return f"Exercise {self.exercise}: {self.status}. {message}"
-
-
-class Wrong(Exception):
-    """Raised by a judge: the answer is wrong; the message says what and gives a
-    hint."""
-
-
-class NotDone(Exception):
-    """Raised by a judge: the answer still holds a `...` to fill in."""
+# shared with the practice core, which replaces this module check by check
+from helpers.practice.core import (  # noqa: F401 (imported from here by the checks)
+    CHECK_FAILED,
+    CORRECT,
+    NOT_DONE,
+    WRONG,
+    NotDone,
+    Verdict,
+    Wrong,
+    check_failure_report,
+    describe_error,
+    explaining_warnings,
+    is_unfinished,
+    short_repr,
+    where_raised,
+)
 
 
 def checker(exercise):
@@ -92,68 +69,12 @@ def checker(exercise):
     return decorate
 
 
-def check_failure_report(error):
-    """The message for an exception raised by the check's own code: what, where, and
-    whom to tell."""
-    return ("this is a bug in the check, not in your answer: "
-            f"{describe_error(error)}, raised at "
-            f"{where_raised(error)}. Please report it, with this message, to the "
-            "course maintainers "
-            "(in the course's issue tracker).")
 
 
-def where_raised(error):
-    """``path, line N`` of the innermost frame in the course's helpers (path relative to
-    the repository).
-
-    ``error`` was caught by a checker: its traceback starts at the checker's wrapper,
-    which is skipped. A library's frame would not say which line of the check to fix;
-    the helpers' frame that called it does. Without one (a judge defined elsewhere, as
-    in the tests), the innermost frame.
-    """
-    frames = traceback.extract_tb(error.__traceback__)[1:]
-    in_helpers = [frame for frame in frames
-                  if Path(frame.filename).resolve().is_relative_to(HELPERS_DIR)]
-    frame = (in_helpers or frames)[-1]
-    path = Path(frame.filename).resolve()
-    shown = (path.relative_to(REPO_ROOT).as_posix() if path.is_relative_to(REPO_ROOT)
-             else frame.filename)
-    return f"{shown}, line {frame.lineno}"
 
 
-@contextlib.contextmanager
-def explaining_warnings(*explained):
-    """Catch the warnings whose message holds one of the ``explained`` texts, for the
-    verdict to explain.
-
-    Yields the list of those warnings, filled when the block ends. Every other warning
-    raised inside is shown afterwards exactly as it would have been without the check
-    (the learner's filters decide): a check turns a warning into advice, it never hides
-    one.
-    """
-    explaining, caught = [], []
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            # the check needs these even where the learner's filters would hide them
-            for text in explained:
-                warnings.filterwarnings("always", message=f".*{re.escape(text)}")
-            yield explaining
-    finally:
-        for warning in caught:
-            if any(text in str(warning.message) for text in explained):
-                explaining.append(warning)
-            # it already passed the learner's filters: show it as Python would have
-            else:
-                warnings.showwarning(warning.message, warning.category,
-                                     warning.filename, warning.lineno, warning.file,
-                                     warning.line)
 
 
-def describe_error(error):
-    """``Type: first line of the message`` (or only the type), one line for a
-    verdict."""
-    message = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    return f"{type(error).__name__}: {message}" if message else type(error).__name__
 
 
 def call_learner(function, *args, name=None, hints=(), **kwargs):
@@ -200,33 +121,8 @@ def require_callable(answer, name):
                     f"{type(answer).__name__}.")
 
 
-def is_unfinished(answer):
-    """Whether ``answer`` (a value, a container or a function's source) still holds a
-    `...` placeholder."""
-    if answer is Ellipsis:
-        return True
-    if isinstance(answer, dict):
-        return any(is_unfinished(v) for v in answer.values())
-    if isinstance(answer, (list, tuple, set)):
-        return any(is_unfinished(v) for v in answer)
-    if inspect.isfunction(answer):
-        return function_has_ellipsis(answer)
-    return False
 
 
-def function_has_ellipsis(function):
-    """Whether the function's source holds a `...` placeholder (slicing such as x[...,
-    0] does not count)."""
-    try:
-        source = textwrap.dedent(inspect.getsource(function))
-        tree = ast.parse(source)
-    except (OSError, TypeError, SyntaxError):
-        # no source to read (e.g. a lambda built at run time): judge it by what it does
-        return False
-    in_slices = {id(node) for sub in ast.walk(tree) if isinstance(sub, ast.Subscript)
-                 for node in ast.walk(sub.slice)}
-    return any(isinstance(node, ast.Constant) and node.value is Ellipsis
-               and id(node) not in in_slices for node in ast.walk(tree))
 
 
 def whole_number(value, name):
@@ -286,14 +182,6 @@ def whole_number(value, name):
     return int(number)
 
 
-def short_repr(value, limit=80):
-    """``repr(value)``, cut to ``limit`` characters (a learner's answer may be
-    anything)."""
-    try:
-        shown = repr(value)
-    except Exception:
-        return f"a {type(value).__name__}"
-    return shown if len(shown) <= limit else shown[:limit - 3] + "..."
 
 
 def on_one_thread(judge):

@@ -1,0 +1,353 @@
+"""The practice core: one judge for every practice check (lessons 01-05).
+
+An ``Exercise`` is a ``measure`` (what an answer does on a configuration), the intended
+answer, and its typical mistakes as code, each with its hint. ``check`` runs the answer
+and the intended one through the same measure and, only where they differ, names the
+mistake whose outcomes the answer shares. It prints one of four verdicts, never raises:
+correct; not quite (with a hint); not done yet (a `...` left); the check itself failed
+(its own bug). A learner's exception is one sentence; a warning is explained or shown.
+"""
+import ast
+import contextlib
+import functools
+import inspect
+import math
+import numbers
+import operator
+import re
+import textwrap
+import traceback
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from helpers.paths import REPO_ROOT
+
+CORRECT, WRONG, NOT_DONE = "correct", "not quite", "not done yet"
+# an exception in the checker's code: a bug to report, not a wrong answer
+CHECK_FAILED = "the check itself failed"
+HELPERS_DIR = REPO_ROOT / "helpers"  # where the checks' code lives
+
+
+@dataclass
+class Verdict:
+    """What a check says about one exercise: its status and a message in plain words."""
+
+    exercise: str
+    status: str  # CORRECT, WRONG, NOT_DONE or CHECK_FAILED
+    message: str
+
+    def __str__(self):
+        first_word = self.message.split(" ", 1)[0]
+        starts_with_a_name = "_" in first_word or "(" in first_word or "`" in first_word
+        message = (self.message if starts_with_a_name
+                   else self.message[:1].upper() + self.message[1:])
+        return f"Exercise {self.exercise}: {self.status}. {message}"
+
+
+class Wrong(Exception):
+    """Raised by a measure: the answer is wrong; the message says what, with a hint."""
+
+
+class NotDone(Exception):
+    """Raised by a measure: the answer still holds a `...` to fill in."""
+
+
+@dataclass(frozen=True)
+class Raised:
+    """The outcome of an answer that raised: ``Type: first line`` of its exception."""
+    error: str
+
+
+def same_values(got, expected, rel=1e-6, abs_=1e-9):
+    """Whether two outcomes agree: numbers within ``rel``/``abs_``, tensors elementwise
+    (inf and NaN in the same places), containers item by item, anything else by ==."""
+    if isinstance(got, Raised) or isinstance(expected, Raised):
+        return got == expected
+    if hasattr(got, "is_floating_point") and hasattr(expected, "is_floating_point"):
+        import torch
+
+        return (got.shape == expected.shape and got.dtype == expected.dtype
+                and torch.allclose(got.float(), expected.float(), rtol=rel, atol=abs_,
+                                   equal_nan=True))
+    if isinstance(got, dict) and isinstance(expected, dict):
+        return got.keys() == expected.keys() and all(
+            same_values(got[k], expected[k], rel, abs_) for k in got)
+    if isinstance(got, (list, tuple)) and isinstance(expected, (list, tuple)):
+        return len(got) == len(expected) and all(
+            same_values(a, b, rel, abs_) for a, b in zip(got, expected))
+    if isinstance(got, numbers.Real) and isinstance(expected, numbers.Real):
+        return (math.isclose(got, expected, rel_tol=rel, abs_tol=abs_)
+                or (math.isnan(got) and math.isnan(expected)))
+    return got == expected
+
+
+def close(rel=1e-6, abs_=1e-9):  # an Exercise's ``same``, with these tolerances
+    return functools.partial(same_values, rel=rel, abs_=abs_)
+
+
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity: a cache key
+class Exercise:
+    """One exercise: how to measure an answer, the right one, the usual wrong ones."""
+
+    number: str  # "5.4"
+    measure: Callable  # measure(answer, config) -> outcome; runs the answer
+    intended: Any  # the right answer, the same kind of thing the learner gives
+    mistakes: Sequence = ()  # (hint, wrong answer as a learner writes it)
+    configs: Sequence = (None,)  # >= 2 where the answer is a function
+    describe: Callable = (  # (got, expected, config) -> str, where no mistake matches
+        lambda got, expected, config: f"your answer gave {got}, not {expected}.")
+    same: Callable = same_values  # tolerance from the gap between right and wrong
+    correct: Callable = lambda got, config: "it does what the intended answer does."
+    name: str = "your answer"  # what the learner named it, for the messages
+    error_hints: Sequence = ()  # (text in an error, hint) for errors no mistake makes
+
+
+def checker(exercise):
+    """Turn ``answer_of(*learner_args) -> answer`` into the learner's check: it prints
+    ``check(exercise, answer)``; its ``.verdict(...)`` returns the Verdict (tests)."""
+    def decorate(answer_of):
+        @functools.wraps(answer_of)
+        def show(*args, **kwargs):
+            print(show.verdict(*args, **kwargs))
+        show.verdict = lambda *args, **kw: check(exercise, answer_of(*args, **kw))
+        return show
+    return decorate
+
+
+def check(exercise, answer):
+    """The Verdict on ``answer``: not done yet, not quite (with a hint), correct, or the
+    check's own failure. Runs on one CPU thread, the learner's random numbers kept."""
+    from helpers.random_state import global_random_state_kept
+
+    try:
+        if is_unfinished(answer):
+            raise NotDone(f"replace each `...` in {exercise.name} with your code, run "
+                          "that cell, then run this check again.")
+        with one_thread(), global_random_state_kept():
+            return Verdict(exercise.number, *judge(exercise, answer))
+    except NotDone as reason:
+        return Verdict(exercise.number, NOT_DONE, str(reason))
+    except Wrong as reason:
+        return Verdict(exercise.number, WRONG, str(reason))
+    # the learner's exceptions arrive as Raised outcomes: this one is the check's own
+    except Exception as error:
+        return Verdict(exercise.number, CHECK_FAILED, check_failure_report(error))
+
+
+def judge(exercise, answer):
+    """(status, message) for a finished answer; Wrong and NotDone pass through.
+
+    Where the answer differs from the intended one on a configuration, the mistake it
+    made is the one whose outcomes are the same as the answer's on every configuration.
+    """
+    configs = range(len(exercise.configs))
+    for index in configs:
+        got = outcome(exercise, answer, exercise.configs[index])
+        expected = cached_outcome(exercise, "intended", index)
+        if isinstance(expected, Raised):
+            raise RuntimeError(f"the intended answer raised {expected.error}")
+        if exercise.same(got, expected):
+            continue
+        answers = {i: got if i == index else outcome(exercise, answer,
+                                                     exercise.configs[i])
+                   for i in configs}
+        for mistake, (hint, _) in enumerate(exercise.mistakes):
+            if all(exercise.same(answers[i], cached_outcome(exercise, mistake, i))
+                   for i in configs):
+                return WRONG, (f"calling {exercise.name} raised {got.error}: {hint}"
+                               if isinstance(got, Raised) else hint)
+        if isinstance(got, Raised):
+            hint = next((hint for text, hint in exercise.error_hints
+                         if text in got.error),
+                        "run it on its own to see the full error.")
+            return WRONG, f"calling {exercise.name} raised {got.error}. Hint: {hint}"
+        return WRONG, exercise.describe(got, expected, exercise.configs[index])
+    first = cached_outcome(exercise, "intended", 0)
+    return CORRECT, exercise.correct(first, exercise.configs[0])
+
+
+_outcomes = {}  # (exercise, "intended" or a mistake's index, config index) -> outcome
+
+
+def cached_outcome(exercise, which, index):
+    """The outcome of the intended answer or of a mistake on a configuration, measured
+    once."""
+    key = (exercise, which, index)
+    if key not in _outcomes:
+        answer = (exercise.intended if which == "intended"
+                  else exercise.mistakes[which][1])
+        try:
+            _outcomes[key] = outcome(exercise, answer, exercise.configs[index])
+        except Wrong as reason:  # a mistake the measure itself turns down
+            _outcomes[key] = Raised(f"Wrong: {reason}")
+    return _outcomes[key]
+
+
+def outcome(exercise, answer, config):
+    """``measure(answer, config)``; a learner's exception becomes a Raised outcome."""
+    try:
+        return exercise.measure(answer, config)
+    except LearnerRaised as raised:
+        return Raised(str(raised))
+
+
+class LearnerRaised(Exception):
+    """Raised by ``learner``: the learner's code raised (one line about it)."""
+
+
+def learner(function, *args, **kwargs):
+    """Call the learner's code (or code that runs it): its exception becomes one line,
+    and a function that still returns ``...`` is not done yet."""
+    try:
+        result = function(*args, **kwargs)
+    except (Wrong, NotDone, LearnerRaised):
+        raise
+    except Exception as error:
+        # its first sentence: the rest of a library's message is advice of its own
+        raise LearnerRaised(describe_error(error).split(".  ")[0].rstrip(".")) from None
+    if result is Ellipsis:
+        raise NotDone(f"{getattr(function, '__name__', 'your function')} still returns "
+                      "`...`: replace each `...` in it with your code, run that cell, "
+                      "then run this check again.")
+    return result
+
+
+def as_number(value, name="your answer", whole=False):
+    """``value`` as an int or a float; any number type a learner may compute with
+    (NumPy scalars, Fraction, Decimal, a 0-d tensor or array). Anything else is Wrong,
+    with a hint; with ``whole``, so is a number with a fraction."""
+    said = f"{name} should be a {'whole ' if whole else ''}number, but it is"
+    if isinstance(value, bool) or "bool" in str(getattr(value, "dtype", "")):
+        raise Wrong(f"{said} {short_repr(value)}, a truth value. Hint: give the "
+                    "number.")
+    if getattr(value, "is_meta", False) is True:
+        raise Wrong(f"{said} a tensor on PyTorch's meta device: it has a shape but no "
+                    "value. Hint: compute with Python numbers (e.g. math.prod(shape)).")
+    shape = tuple(getattr(value, "shape", ()))
+    if shape:
+        raise Wrong(f"{said} of shape {shape}. Hint: give one number; .item() gives "
+                    "the number in a 0-dimensional tensor or array.")
+    with contextlib.suppress(Exception):
+        return operator.index(value)  # int, NumPy integers, 0-d integer tensors
+    try:  # float, NumPy floats, Fraction, Decimal, 0-d float tensors and arrays
+        if isinstance(value, (str, bytes)):
+            raise TypeError
+        number = float(value.detach() if hasattr(value, "detach") else value)
+    except Exception:
+        raise Wrong(f"{said} {short_repr(value)}, of type {type(value).__name__}. "
+                    "Hint: give a number.") from None
+    if math.isnan(number) or math.isinf(number):
+        raise Wrong(f"{said} {number}. Hint: nan and inf come from a division by zero "
+                    "or an overflow; compute with Python numbers.")
+    if whole and not number.is_integer():
+        raise Wrong(f"{said} {number:g}. Hint: a count is whole; where it comes from a "
+                    "division (/), decide whether it rounds up (math.ceil) or down "
+                    "(//).")
+    return int(number) if whole else number
+
+
+def plural(count, word):  # 1 layer, 2 layers
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def listed(items):  # a; a and b; a, b and c; "" for none
+    items = [str(item) for item in items]
+    return ", ".join(items[:-1]) + " and " * (len(items) > 1) + "".join(items[-1:])
+
+
+def short_repr(value, limit=80):
+    """``repr(value)``, cut to ``limit`` characters (an answer may be anything)."""
+    try:
+        shown = repr(value)
+    except Exception:
+        return f"a {type(value).__name__}"
+    return shown if len(shown) <= limit else shown[:limit - 3] + "..."
+
+
+def describe_error(error):
+    """``Type: first line of the message`` (or only the type), one line."""
+    message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
+
+
+def check_failure_report(error):
+    """An exception in the check's own code: what, where, whom to tell."""
+    return ("this is a bug in the check, not in your answer: "
+            f"{describe_error(error)}, raised at {where_raised(error)}. Please report "
+            "it, with this message, to the course maintainers (in the course's issue "
+            "tracker).")
+
+
+def where_raised(error):
+    """``path, line N`` of the innermost frame in the checks' code (else the innermost):
+    a library's frame would not say which line of the check to fix."""
+    frames = traceback.extract_tb(error.__traceback__)[1:]
+    in_helpers = [frame for frame in frames
+                  if Path(frame.filename).resolve().is_relative_to(HELPERS_DIR)
+                  and Path(frame.filename).name != "core.py"]
+    frame = (in_helpers or frames)[-1]
+    path = Path(frame.filename).resolve()
+    shown = (path.relative_to(REPO_ROOT).as_posix() if path.is_relative_to(REPO_ROOT)
+             else frame.filename)
+    return f"{shown}, line {frame.lineno}"
+
+
+def is_unfinished(answer):
+    """Whether ``answer`` (a value, a container, a function's source) holds a `...`."""
+    if answer is Ellipsis:
+        return True
+    if isinstance(answer, dict):
+        return any(is_unfinished(v) for v in answer.values())
+    if isinstance(answer, (list, tuple, set)):
+        return any(is_unfinished(v) for v in answer)
+    return inspect.isfunction(answer) and function_has_ellipsis(answer)
+
+
+def function_has_ellipsis(function):
+    """Whether the function's source holds a `...` (slicing such as x[..., 0] does not
+    count)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    except (OSError, TypeError, SyntaxError):
+        return False  # no source to read: judge it by what it does
+    in_slices = {id(node) for sub in ast.walk(tree) if isinstance(sub, ast.Subscript)
+                 for node in ast.walk(sub.slice)}
+    return any(isinstance(node, ast.Constant) and node.value is Ellipsis
+               and id(node) not in in_slices for node in ast.walk(tree))
+
+
+@contextlib.contextmanager
+def explaining_warnings(*explained):
+    """Catch the warnings whose message holds one of the ``explained`` texts, for the
+    verdict to explain; yields their list, filled when the block ends. Every other
+    warning is shown afterwards as it would have been: a check never hides one."""
+    explaining, caught = [], []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            for text in explained:  # needed even where the learner's filters hide them
+                warnings.filterwarnings("always", message=f".*{re.escape(text)}")
+            yield explaining
+    finally:
+        for warning in caught:
+            if any(text in str(warning.message) for text in explained):
+                explaining.append(warning)
+            else:  # it already passed the learner's filters: show it as Python would
+                warnings.showwarning(warning.message, warning.category,
+                                     warning.filename, warning.lineno, warning.file,
+                                     warning.line)
+
+
+@contextlib.contextmanager
+def one_thread():
+    """One CPU thread while a check runs (tiny tensors: threads only wait for each
+    other), the learner's count put back after."""
+    import torch  # here: the verdicts themselves need no torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

@@ -1,0 +1,97 @@
+"""What the practice checks (lessons 01-05) run answers on: the tiny DistilBERT, the
+same few batches every time, a clean Accelerate state, and a one-step Trainer run.
+
+The checks train on the GPU when there is one, as the lessons do (a Trainer with
+use_cpu=True after the learner's own GPU Accelerator would be refused by Accelerate).
+"""
+import contextlib
+import functools
+import tempfile
+
+import torch
+
+from helpers.random_state import global_random_state_kept
+
+ON_CPU = not torch.cuda.is_available()
+DEVICE = torch.device("cpu" if ON_CPU else "cuda")
+
+
+def tiny_model(seed=0):
+    """The tiny DistilBERT with eager attention, on the checks' device."""
+    from helpers.models import build_model
+
+    model = build_model("tiny", seed=seed)
+    model.set_attn_implementation("eager")
+    return model.to(DEVICE)
+
+
+@functools.lru_cache(maxsize=None)
+def training_examples(n):
+    """(the first ``n`` tokenized training examples, the course's tokenizer)."""
+    from helpers.data import load_tokenized
+
+    tokenized, tokenizer = load_tokenized()
+    return tokenized["train"].select(range(n)), tokenizer
+
+
+def fixed_batches(batch_size, count):
+    """``count`` batches of ``batch_size`` training examples, the same every time, on
+    the checks' device."""
+    from helpers.data import make_dataloader
+
+    examples, tokenizer = training_examples(batch_size * count)
+    return [{key: value.to(DEVICE) for key, value in batch.items()}
+            for batch in make_dataloader(examples, tokenizer, batch_size)]
+
+
+@contextlib.contextmanager
+def fresh_accelerate_state():
+    """A clean Accelerate state for the check's Accelerators and Trainers, the
+    learner's put back after. Accelerate keeps one state per process and refuses to
+    change its mixed precision once set; TrainingArguments resets it. No public call
+    saves and restores it: the one place the checks touch Accelerate's internals."""
+    from accelerate.state import AcceleratorState, PartialState
+
+    saved = dict(PartialState._shared_state), dict(AcceleratorState._shared_state)
+    AcceleratorState._reset_state(reset_partial_state=True)
+    try:
+        yield
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        PartialState._shared_state.update(saved[0])
+        AcceleratorState._shared_state.update(saved[1])
+
+
+def trainer_run(examples, micro_batch_size, accumulation=1, make_args=None,
+                model=None, compute_loss_func=None, **arguments):
+    """The Trainer after one step of ``model`` (or a fresh tiny one) on the first
+    ``examples`` examples, in order, with ``make_args(output_dir)``'s TrainingArguments
+    or ``arguments``; nothing saved, the random and Accelerate states put back."""
+    from transformers import DataCollatorWithPadding, Trainer, TrainingArguments
+    from transformers.trainer_callback import PrinterCallback
+
+    one_step = dict(max_steps=1, logging_steps=1, save_strategy="no", report_to=[],
+                    per_device_train_batch_size=micro_batch_size, disable_tqdm=True,
+                    gradient_accumulation_steps=accumulation,
+                    train_sampling_strategy="sequential")
+    data, tokenizer = training_examples(examples)
+    with (tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as output_dir,
+          fresh_accelerate_state(), global_random_state_kept()):
+        if make_args is None:
+            args = TrainingArguments(output_dir=output_dir, use_cpu=ON_CPU,
+                                     **one_step, **arguments)
+        else:
+            args = make_args(output_dir)
+            for setting, value in one_step.items():
+                setattr(args, setting, value)
+        trainer = Trainer(model=model or tiny_model(), args=args, train_dataset=data,
+                          compute_loss_func=compute_loss_func,
+                          data_collator=DataCollatorWithPadding(tokenizer))
+        trainer.remove_callback(PrinterCallback)  # it would print every log
+        trainer.train()
+    return trainer
+
+
+def logged_losses(trainer):
+    """The training losses ``trainer`` logged, one per optimizer step."""
+    return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
