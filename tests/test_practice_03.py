@@ -82,7 +82,7 @@ def test_3_3_names_an_unfinished_loop_and_one_that_raises():
 
     assert_verdict(l3.check_fixed_loop.verdict(unfinished), NOT_DONE, "`...`")
     assert_verdict(l3.check_fixed_loop.verdict(raises), WRONG,
-                   "calling fixed_train_loop raised NameError")
+                   "calling fixed_train_loop raised NameError", "inside that block")
 
 
 def test_show_communication_shows_each_step_of_the_colleagues_loop(capsys):

@@ -406,7 +406,10 @@ def fix_described(got, expected, config):
 FIX = Exercise(
     number="3.3", name="fixed_train_loop", intended=lesson_loop(8),
     measure=lambda answer, config: launched(FIX, runs_of, answer),
-    same=same_runs, describe=fix_described,
+    same=same_runs, describe=fix_described, error_hints=[
+        ("'local_sgd'", "local_sgd is the name `with LocalSGD(...) as local_sgd:` "
+         "gives: call local_sgd.step() inside that block."),
+        ("LocalSGD", "import it first: from accelerate.local_sgd import LocalSGD.")],
     correct=lambda got, config: (
         "measured on 2 processes, your loop sent no gradients, averaged the "
         "parameters every 4 optimizer steps and as the block ended, with the "
