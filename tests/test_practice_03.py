@@ -1,6 +1,7 @@
 """Practice 3 (Local SGD): right answers written several ways pass, each listed mistake
 gets its own hint, on real processes. An exercise's first check measures its intended
-answer and every mistake in one launch; the later checks reuse those."""
+answer and every mistake in one launch; the later checks reuse those. What
+show_communication prints is compared by nbval, in both practice 3 notebooks."""
 import fractions
 
 import numpy as np
@@ -52,6 +53,15 @@ def test_3_2_judges_both_predictions_and_keeps_the_learners_random_numbers():
         l3.PREDICT_BOTH, l3.PREDICT_BOTH.intended)) == draws_after_seeding()
 
 
+def assert_measured_as_intended(exercise, measure, processes, *right_answers):
+    """Right answers of a launching exercise, measured in one launch with the intended
+    one, are the same as it by the exercise's own tolerance: the check's first test."""
+    intended, *results = l3.launch([(measure, answer) for answer in (
+        exercise.intended, *right_answers)], processes)
+    for result in results:
+        assert exercise.same(result, intended), result
+
+
 # --- 3.3: the misplaced lines ---------------------------------------------------------
 
 def fixed_with_enumerate(accelerator, model, optimizer, dataloader):
@@ -67,8 +77,10 @@ def fixed_with_enumerate(accelerator, model, optimizer, dataloader):
 
 
 def test_3_3_judges_the_loop_by_what_it_communicates_and_trains():
-    assert_judged(l3.FIX, fixed_with_enumerate, l3.from_source(
-        l3.FIXED_LOOP, ("        model.train()\n", "")))
+    assert_judged(l3.FIX)  # one launch: the intended loop and every mistake
+    assert_measured_as_intended(l3.FIX, l3.runs_of, 2, fixed_with_enumerate,
+                                l3.from_source(l3.FIXED_LOOP,
+                                               ("        model.train()\n", "")))
     assert l3.check_fixed_loop is l3.check_fixed_local_sgd_loop
 
 
@@ -83,14 +95,6 @@ def test_3_3_names_an_unfinished_loop_and_one_that_raises():
     assert_verdict(l3.check_fixed_loop.verdict(unfinished), NOT_DONE, "`...`")
     assert_verdict(l3.check_fixed_loop.verdict(raises), WRONG,
                    "calling fixed_train_loop raised NameError", "inside that block")
-
-
-def test_show_communication_shows_each_step_of_the_colleagues_loop(capsys):
-    l3.show_communication(l3.FIX.mistakes[0][1])
-    shown = capsys.readouterr().out
-    assert "step 8 |         1,800 B |             1,800 B | identical" in shown
-    assert "total: 19,800 bytes; plain DDP, measured in the same launch: 14,400" in (
-        shown)
 
 
 # --- 3.4: one all-reduce per averaging ------------------------------------------------
@@ -113,7 +117,9 @@ def copied_by_hand(accelerator, model):
 
 
 def test_3_4_judges_the_averaging_on_three_processes():
-    assert_judged(l3.AVERAGING, all_reduce_then_divide, copied_by_hand)
+    assert_judged(l3.AVERAGING)
+    assert_measured_as_intended(l3.AVERAGING, l3.probe, 3, all_reduce_then_divide,
+                                copied_by_hand)
     assert_verdict(l3.check_average_parameters.verdict(l3.AVERAGING.intended),
                    CORRECT, "one all-reduce of 1,800 bytes (3,464 on the wider")
 
