@@ -497,7 +497,7 @@ def probe(accelerator, average):
     what each parameter tensor then holds, their dtypes, the collectives issued."""
     results, n, rank = [], accelerator.num_processes, accelerator.process_index
     for hidden in (HIDDEN, WIDER):
-        model = prepared(accelerator, 1, 1, hidden)[0]
+        model = SmallClassifier(hidden)  # not wrapped in DDP: its set-up takes time
         own = torch.randn(n, parameter_bytes(hidden) // 4,
                           generator=torch.Generator().manual_seed(0))
         with torch.no_grad():
