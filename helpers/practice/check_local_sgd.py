@@ -316,7 +316,8 @@ PREDICT_BOTH = Exercise(
     number="3.2", name="predicted_bytes_with_accumulation", intended=both_measured,
     measure=lambda answer, config: predicted(answer, config, PREDICT_BOTH.name),
     configs=ACCUMULATION_CASES, same=exact, describe=functools.partial(
-        described, names=("micro_batches", "gradient_accumulation_steps", "k")),
+        described, names=("micro_batches", "gradient_accumulation_steps",
+                          "local_sgd_steps")),
     correct=lambda got, config: (
         "your predictions match DDP's and Local SGD's bytes, measured on 2 processes "
         "on both classifiers: k counts micro-batches, so a k below the accumulation "
