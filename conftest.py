@@ -15,14 +15,12 @@ from helpers.language import LANGUAGES
 # byte for byte, as tests/test_translations.py proves: nbval runs the English ones only.
 collect_ignore = [f"notebooks/{language}" for language in LANGUAGES]
 
-# `make test` runs on two workers (pytest-xdist). Each gives the processes it launches a
-# port of its own (helpers.launcher.default_port reads MASTER_PORT; notebook kernels
-# inherit it), so two launches at the same moment cannot both take 29500. And each
-# worker's notebooks compute on one thread: two workers of two threads each on two cores
-# would make the time ratios the lessons check depend on what the other worker happens
-# to run (`make bench` runs each notebook alone, on every thread).
+# `make test` runs on two workers (pytest-xdist). Each worker's notebooks compute on one
+# thread: two workers of two threads each on two cores would make the time ratios the
+# lessons check depend on what the other worker happens to run (`make bench` runs each
+# notebook alone, on every thread). (Their launches need no port of their own: each
+# launch takes one free at that moment, helpers.launcher.default_port.)
 # "gw0", "gw1", ... in a worker; unset otherwise
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 if _WORKER.startswith("gw"):
-    os.environ["MASTER_PORT"] = str(29500 + 100 * int(_WORKER[2:]))
     os.environ.setdefault("OMP_NUM_THREADS", "1")

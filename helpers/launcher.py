@@ -7,16 +7,25 @@ Accelerator made for it; it returns what the worker returned on process 0. A wor
 trains and returns its results: this module owns the rest of the protocol.
 
 - One thread per process (they share the machine's cores).
-- The processes meet on ``port``: by default ``$MASTER_PORT``, the variable PyTorch's
-  launchers read, else 29500; if that port is taken, a free one.
+- The processes meet on a port of their own: ``port``, else ``$MASTER_PORT`` (the
+  variable PyTorch's launchers read), else one free now; a taken one is replaced by a
+  free one. Another launch may take a free port before these processes listen on it
+  (two notebooks launching at the same moment, both on 29500: "address already in
+  use", in 16 of 108 launches made side by side): the launch then starts again on
+  another.
 - ``Accelerator(cpu=True)`` when there is no GPU: without it each process would run
   alone. Accelerate's "Launching training on 2 CPUs." then names that device, whatever
   the torch build. A collective that waits longer than ``COLLECTIVE_TIMEOUT_S`` fails
   instead of hanging.
 - A worker that raises writes its own traceback before its peers lose their connection
   to it, and ``WorkerFailedError`` shows that root cause in the notebook.
-- Workers still running after ``timeout_s`` are stopped by a watchdog;
-  ``WorkerTimeoutError`` shows where each one was waiting.
+- A watchdog follows the workers. When some have waited ``NOTICE_S`` seconds for
+  another (to join them, or to finish), it says so in the notebook at once, with where
+  that process is; when one has failed, it stops the others within seconds (torch
+  would give each 30 s to stop after its SIGTERM, which a process blocked in a
+  collective never answers: with the collective's 60 s timeout, a launch waited a
+  minute and a half without a word). Workers still running after ``timeout_s`` are
+  stopped; ``WorkerTimeoutError`` shows where each one was waiting.
 - Fork hygiene: what a forked process inherits from the notebook's process must not
   block it. Objects are frozen across the fork (their destructors would wait for threads
   that only exist in the parent), tqdm's locks are replaced, and a forked worker does
@@ -27,8 +36,10 @@ import contextlib
 import faulthandler
 import gc
 import json
+import linecache
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -45,6 +56,11 @@ import torch
 # far above what any launch of the course takes, so that only a hang reaches it
 LAUNCH_TIMEOUT_S = 300
 COLLECTIVE_TIMEOUT_S = 60  # no single collective of the course takes more than a second
+# a process waiting this long for another is news (processes start within a second of
+# each other even on a loaded machine: 0.3 s at most in 150 launches)
+NOTICE_S = 10
+# launches started again when another program took their port first
+PORT_ATTEMPTS = 3
 # set in the processes that run_in_processes forks
 FORKED_WORKER_ENV = "COURSE_FORKED_WORKER"
 
@@ -60,12 +76,6 @@ def run_in_processes(worker, worker_args=(), num_processes=2, port=None,
     was. ``preload=False`` skips importing DistilBERT's and the data's code before the
     fork, for workers that use neither.
     """
-    from accelerate import notebook_launcher
-    from torch.distributed.elastic.multiprocessing.errors import (
-        ChildFailedError,
-        record,
-    )
-
     if (isinstance(num_processes, bool) or not isinstance(num_processes, int)
         or num_processes < 2):
         raise ValueError("run_in_processes starts at least 2 processes, got "
@@ -81,8 +91,25 @@ def run_in_processes(worker, worker_args=(), num_processes=2, port=None,
         _preload_training_modules()
     if port is None:
         port = default_port()
-    if port_is_busy(port):
-        port = free_port()
+    for attempt in range(PORT_ATTEMPTS):
+        if port is None or port_is_busy(port):
+            port = free_port()
+        try:
+            return _launch(worker, worker_args, num_processes, port, timeout_s)
+        except torch.distributed.DistNetworkError as error:
+            if "EADDRINUSE" not in str(error) or attempt == PORT_ATTEMPTS - 1:
+                raise
+            port = None  # taken between our look and the listen: another, free now
+
+
+def _launch(worker, worker_args, num_processes, port, timeout_s):
+    """One launch on ``port``: run_in_processes's, once."""
+    from accelerate import notebook_launcher
+    from torch.distributed.elastic.multiprocessing.errors import (
+        ChildFailedError,
+        record,
+    )
+
     with tempfile.TemporaryDirectory() as folder:
         results_path = Path(folder) / "results.json"
         # Objects left over from an earlier launch (a failed one leaves its rendezvous
@@ -90,7 +117,7 @@ def run_in_processes(worker, worker_args=(), num_processes=2, port=None,
         # _frozen_at_fork).
         gc.collect()
         failure = None
-        watchdog = Watchdog(timeout_s)
+        watchdog = Watchdog(timeout_s, results_path, num_processes)
         try:
             with _one_thread_per_process(), _quiet_launcher_logs(), watchdog, \
                     _frozen_at_fork(), _bitsandbytes_out_of_sight(), \
@@ -179,9 +206,10 @@ def _forked_worker(worker, worker_args, results_path):
     process, then ``worker``."""
     os.environ[FORKED_WORKER_ENV] = "1"
     fresh_progress_bar_locks()
+    rank = int(os.environ.get("RANK", "0"))
     # On SIGUSR1 (sent by the watchdog) write where every thread is, for
-    # WorkerTimeoutError.
-    stack_file = open(stack_path(results_path, int(os.environ.get("RANK", "0"))), "w")
+    # WorkerTimeoutError and the watchdog's notice.
+    stack_file = open(stack_path(results_path, rank), "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     torch.set_num_threads(1)
     accelerator = worker_accelerator()
@@ -255,13 +283,15 @@ def fresh_progress_bar_locks():
 
 
 def default_port():
-    """``$MASTER_PORT`` if set (two test sessions side by side each set their own), else
-    PyTorch's 29500."""
-    value = os.environ.get("MASTER_PORT", "29500")
+    """``$MASTER_PORT`` if set, else None: a port free now (PyTorch's usual 29500 is
+    where every other launch on the machine meets too)."""
+    value = os.environ.get("MASTER_PORT")
+    if value is None:
+        return None
     if not value.isdigit() or not 0 < int(value) < 65536:
         raise ValueError("MASTER_PORT must be a TCP port number (1-65535), "
                          f"got {value!r}; "
-                         "unset it to use 29500, or pass port= to choose one")
+                         "unset it to use a free port, or pass port= to choose one")
     return int(value)
 
 
@@ -379,33 +409,91 @@ def _frozen_at_fork():
 
 
 class Watchdog:
-    """Stops the worker processes forked while it is active, if they run longer than
-    ``timeout_s``."""
+    """Follows the worker processes forked while it is active: says in the notebook when
+    one has used no CPU for ``NOTICE_S`` seconds (it waits: for a peer, or for nothing),
+    stops them all once one has failed, and after ``timeout_s``."""
 
-    def __init__(self, timeout_s):
+    def __init__(self, timeout_s, results_path, num_processes):
         import psutil
 
-        self.timeout_s, self.fired = timeout_s, False
-        self.me = psutil.Process()
-        self.timer = threading.Timer(timeout_s, self.stop_workers)
-        self.timer.daemon = True
+        self.timeout_s, self.fired, self.told = timeout_s, False, False
+        self.results_path, self.num_processes = results_path, num_processes
+        self.me, self.done = psutil.Process(), threading.Event()
+        self.busy = {}  # pid -> (its CPU seconds, when they last grew)
+        self.thread = threading.Thread(target=self.watch, daemon=True)
 
     def __enter__(self):
         # e.g. a notebook's other processes: not ours
         self.before = {p.pid for p in self.me.children()}
-        self.timer.start()
+        self.started = time.monotonic()
+        self.thread.start()
         return self
 
     def __exit__(self, *exc):
-        self.timer.cancel()
+        self.done.set()
+        self.thread.join()
 
-    def stop_workers(self):
+    def workers(self):
+        return [p for p in self.me.children() if p.pid not in self.before]
+
+    def watch(self):
+        failed_at = None
+        while not self.done.wait(0.25):
+            now = time.monotonic()
+            if now - self.started > self.timeout_s:
+                return self.stop_workers(timed_out=True)
+            if read_per_process(traceback_path, self.results_path, self.num_processes):
+                failed_at = failed_at or now
+                if now - failed_at > 2:  # its traceback is written: stop the others
+                    self.stop_workers(timed_out=False)
+                    failed_at = float("inf")
+            elif not self.told:
+                # advice only: nothing in it may keep the watchdog from stopping a hang
+                with contextlib.suppress(Exception):
+                    self.tell_if_waiting(now)
+
+    def tell_if_waiting(self, now):
+        """Once a worker has used no CPU for NOTICE_S seconds: say so, and where each
+        worker is (its stack, asked for with SIGUSR1)."""
+        import psutil
+
+        waiting = []
+        for process in self.workers():
+            with contextlib.suppress(psutil.Error):
+                cpu = sum(process.cpu_times()[:2])
+                last, since = self.busy.get(process.pid, (-1.0, now))
+                if cpu > last + 0.01:
+                    last, since = self.busy[process.pid] = cpu, now
+                waiting += [process] if now - since > NOTICE_S else []
+        if not waiting:
+            return
+        self.told = True
+        # SIGUSR1 ends a process that has not yet registered faulthandler for it
+        if all(stack_path(self.results_path, rank).exists()
+               for rank in range(self.num_processes)):
+            for process in self.workers():
+                with contextlib.suppress(psutil.Error):
+                    process.send_signal(signal.SIGUSR1)
+            time.sleep(0.5)
+        stacks = read_per_process(stack_path, self.results_path, self.num_processes)
+        lines = [f"Still running after {now - self.started:.0f} s: "
+                 f"{len(waiting)} of the {self.num_processes} worker processes used no "
+                 f"CPU for {NOTICE_S} s: they wait. Where each process is:"]
+        lines += [f"process {rank}: {innermost_frame(stack)}"
+                  for rank, stack in sorted(stacks.items())]
+        lines.append("A process that never issues a collective the others wait in "
+                     "(one under `if accelerator.is_main_process:`) looks like this; "
+                     f"the others give up after {COLLECTIVE_TIMEOUT_S} s, and the "
+                     f"launch is stopped after {self.timeout_s} s.")
+        print("\n".join(lines), file=sys.stderr, flush=True)
+
+    def stop_workers(self, timed_out):
         """Ask each worker for its threads' stacks (see _forked_worker), then kill
         it."""
         import psutil
 
-        workers = [p for p in self.me.children() if p.pid not in self.before]
-        self.fired = True
+        workers = self.workers()
+        self.fired = self.fired or timed_out
         for process in workers:
             with contextlib.suppress(psutil.Error):
                 process.send_signal(signal.SIGUSR1)
@@ -413,6 +501,25 @@ class Watchdog:
         for process in workers:
             with contextlib.suppress(psutil.Error):
                 process.kill()
+
+
+def innermost_frame(stack):
+    """Where a faulthandler dump's main thread is: its innermost line of code outside
+    Python's library, the installed packages and this module (file, line, function,
+    code)."""
+    threads = re.split(r"\n(?=Thread 0x|Current thread 0x)", stack)
+    main = next((thread for thread in threads if "_forked_worker" in thread), "")
+    frames = [line.strip() for line in main.splitlines()
+              if line.strip().startswith("File ")]
+    skipped = (f'"{__file__}"', f'"{os.path.dirname(os.__file__)}', "site-packages")
+    ours = [frame for frame in frames if not any(s in frame for s in skipped)]
+    if not (ours or frames):
+        return "not known"
+    file, line, function = re.match(r'File "(.*)", line (\d+) in (.*)',
+                                    (ours or frames)[0]).groups()
+    shown = os.path.relpath(file) if file.startswith(os.getcwd()) else file
+    code = linecache.getline(file, int(line)).strip()
+    return f"{shown}, line {line} in {function}" + (f": {code}" if code else "")
 
 
 class WorkerTimeoutError(RuntimeError):

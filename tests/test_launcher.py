@@ -39,6 +39,30 @@ def sleeps_forever(accelerator):
     time.sleep(3600)
 
 
+def stuck_in_c():
+    """Block in C for good (a mutex locked twice): a Python SIGTERM handler never runs,
+    so only SIGKILL ends the process."""
+    import ctypes
+
+    libc, mutex = ctypes.CDLL("libc.so.6"), ctypes.create_string_buffer(64)
+    libc.pthread_mutex_lock(mutex)
+    libc.pthread_mutex_lock(mutex)
+
+
+def fails_on_process_1_while_process_0_is_stuck(accelerator):
+    if accelerator.process_index == 1:
+        time.sleep(1)
+        raise RuntimeError("injected failure on process 1")
+    stuck_in_c()
+
+
+def process_1_arrives_late(accelerator):
+    if accelerator.process_index == 1:
+        time.sleep(4)
+    accelerator.wait_for_everyone()
+    return "all there"
+
+
 @pytest.fixture(scope="module")
 def launched_despite_everything():
     """One launch, checked several ways below, made under all that once broke a launch
@@ -118,9 +142,40 @@ def test_a_timeout_that_is_not_positive_gets_a_clear_error(bad):
         run_in_processes(reports_who_it_is, ("x",), timeout_s=bad)
 
 
+def test_a_failed_worker_stops_a_peer_stuck_in_c_within_seconds():
+    # torch gives the peer 30 s to answer its SIGTERM, which it cannot: the bench once
+    # waited 90.7 s (the collective's 60 s timeout, then those 30 s) without a word
+    start = time.perf_counter()
+    with pytest.raises(WorkerFailedError, match="injected failure on process 1"):
+        run_in_processes(fails_on_process_1_while_process_0_is_stuck, ())
+    assert time.perf_counter() - start < 20
+
+
+def test_processes_that_wait_for_another_say_so_and_where_it_is(monkeypatch, capsys):
+    monkeypatch.setattr(launcher, "NOTICE_S", 1)
+    assert run_in_processes(process_1_arrives_late, (), preload=False) == "all there"
+    notice = capsys.readouterr().err
+    assert "used no CPU for 1 s" in notice, notice
+    assert "process 1: tests/test_launcher.py, line" in notice, notice
+    assert "in process_1_arrives_late: time.sleep(4)" in notice
+
+
+def test_a_port_taken_before_the_processes_listen_on_it_is_replaced(monkeypatch):
+    import socket
+
+    # what another notebook's launch does between our look at the port and our listen
+    monkeypatch.setattr(launcher, "port_is_busy", lambda port: False)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        result = run_in_processes(reports_who_it_is, ("hi",), preload=False,
+                                  port=taken.getsockname()[1])
+    assert result["greeting"] == "hi"
+
+
 def test_the_port_comes_from_master_port_and_a_bad_one_gets_a_clear_error(monkeypatch):
     monkeypatch.delenv("MASTER_PORT", raising=False)
-    assert launcher.default_port() == 29500
+    assert launcher.default_port() is None  # a port free at each launch
     monkeypatch.setenv("MASTER_PORT", "29617")
     assert launcher.default_port() == 29617
     for bad in ("", "port", "70000", "0"):

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from helpers.launcher import default_port
+from helpers.launcher import free_port
 from helpers.local_sgd import RunConfig, launch, train_worker, validate_local_sgd_steps
 from helpers.models import build_model
 from helpers.paths import REPO_ROOT
@@ -154,7 +154,7 @@ def accelerate_launch(flags, folder):
     """Start the script form with `accelerate launch` and ``flags``, in ``folder``, its
     output to files there."""
     command = [sys.executable, "-m", "accelerate.commands.launch", *flags,
-               "--num_processes", "2", "--main_process_port", str(default_port()),
+               "--num_processes", "2", "--main_process_port", str(free_port()),
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend",
                "no", str(REPO_ROOT / "helpers" / "local_sgd.py"), "--local-sgd-steps",
                "4", "--optimizer-steps", "8", "--results", str(folder / "results.json")]

@@ -193,12 +193,9 @@ def test_practice_and_solution_differ_only_in_the_exercise_cells(stem, read_note
                                                 "of the two notebooks")
 
 
-# the lessons whose practice is on the core: the others join as they are ported
-EXPLAINED = ["01_gradient_checkpointing", "02_trainer_and_accelerator", "04_adamw",
-             "05_mixed_precision", "06_sharding"]
 
 
-@pytest.mark.parametrize("stem", EXPLAINED)
+@pytest.mark.parametrize("stem", LESSONS)
 def test_each_solution_says_why_and_each_heading_how_hard(stem, read_notebook):
     for kind in ("practice", "solution"):
         cells = read_notebook(PRACTICE / f"{stem}_{kind}.ipynb")["cells"]
