@@ -56,6 +56,8 @@ import torch
 # far above what any launch of the course takes, so that only a hang reaches it
 LAUNCH_TIMEOUT_S = 300
 COLLECTIVE_TIMEOUT_S = 60  # no single collective of the course takes more than a second
+# run_in_processes(collective_timeout_s=...) tells the forked workers through it
+COLLECTIVE_TIMEOUT_ENV = "COURSE_COLLECTIVE_TIMEOUT_S"
 # a process waiting this long for another is news (processes start within a second of
 # each other even on a loaded machine: 0.3 s at most in 150 launches)
 NOTICE_S = 10
@@ -66,7 +68,8 @@ FORKED_WORKER_ENV = "COURSE_FORKED_WORKER"
 
 
 def run_in_processes(worker, worker_args=(), num_processes=2, port=None,
-                     timeout_s=LAUNCH_TIMEOUT_S, preload=True):
+                     timeout_s=LAUNCH_TIMEOUT_S, preload=True,
+                     collective_timeout_s=COLLECTIVE_TIMEOUT_S):
     """Run ``worker(accelerator, *worker_args)`` in ``num_processes`` forked processes;
     return process 0's result.
 
@@ -74,16 +77,20 @@ def run_in_processes(worker, worker_args=(), num_processes=2, port=None,
     raises is raised here as a ``WorkerFailedError``; workers still running after
     ``timeout_s`` seconds are stopped, and a ``WorkerTimeoutError`` says where each one
     was. ``preload=False`` skips importing DistilBERT's and the data's code before the
-    fork, for workers that use neither.
+    fork, for workers that use neither. A collective that waits longer than
+    ``collective_timeout_s`` fails in the processes that wait (a practice check whose
+    usual mistake is a collective one process never joins says so in seconds).
     """
     if (isinstance(num_processes, bool) or not isinstance(num_processes, int)
         or num_processes < 2):
         raise ValueError("run_in_processes starts at least 2 processes, got "
                          f"num_processes={num_processes!r}; to run a worker alone, "
                          "call it with an Accelerator of your own")
-    if not timeout_s or timeout_s <= 0:
-        raise ValueError("timeout_s must be a positive number of seconds, "
-                         f"got {timeout_s!r}")
+    for name, seconds in (("timeout_s", timeout_s),
+                          ("collective_timeout_s", collective_timeout_s)):
+        if not seconds or seconds <= 0:
+            raise ValueError(f"{name} must be a positive number of seconds, "
+                             f"got {seconds!r}")
     require_loopback()
     reset_accelerate_state()
     if preload:
@@ -95,7 +102,8 @@ def run_in_processes(worker, worker_args=(), num_processes=2, port=None,
         if port is None or port_is_busy(port):
             port = free_port()
         try:
-            return _launch(worker, worker_args, num_processes, port, timeout_s)
+            with _environment(COLLECTIVE_TIMEOUT_ENV, str(collective_timeout_s)):
+                return _launch(worker, worker_args, num_processes, port, timeout_s)
         except torch.distributed.DistNetworkError as error:
             if "EADDRINUSE" not in str(error) or attempt == PORT_ATTEMPTS - 1:
                 raise
@@ -142,6 +150,26 @@ def _launch(worker, worker_args, num_processes, port, timeout_s):
 
 
 
+@contextlib.contextmanager
+def _environment(name, value):
+    """``os.environ[name] = value`` while the block runs (the forked workers inherit
+    it)."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
+def collective_timeout_s():
+    """The seconds a collective may wait in this launch's workers."""
+    return float(os.environ.get(COLLECTIVE_TIMEOUT_ENV, COLLECTIVE_TIMEOUT_S))
+
+
 def _preload_training_modules():
     """Import the model's and the data's code now, once (seconds), before the fork:
     each worker then shares it instead of importing DistilBERT's modeling code, datasets
@@ -161,7 +189,7 @@ def worker_accelerator(**kwargs):
     from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs
 
-    timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=collective_timeout_s()))
     # set by notebook_launcher, torchrun, accelerate launch
     processes = int(os.environ.get("WORLD_SIZE", "1"))
     return Accelerator(cpu=not workers_use_gpus(processes), kwargs_handlers=[timeout],
@@ -483,7 +511,7 @@ class Watchdog:
                   for rank, stack in sorted(stacks.items())]
         lines.append("A process that never issues a collective the others wait in "
                      "(one under `if accelerator.is_main_process:`) looks like this; "
-                     f"the others give up after {COLLECTIVE_TIMEOUT_S} s, and the "
+                     f"the others give up after {collective_timeout_s():.0f} s, and the "
                      f"launch is stopped after {self.timeout_s} s.")
         print("\n".join(lines), file=sys.stderr, flush=True)
 

@@ -137,9 +137,10 @@ def test_fewer_than_two_processes_get_a_clear_error(bad):
 
 
 @pytest.mark.parametrize("bad", [0, -5, None])
-def test_a_timeout_that_is_not_positive_gets_a_clear_error(bad):
-    with pytest.raises(ValueError, match="timeout_s must be a positive"):
-        run_in_processes(reports_who_it_is, ("x",), timeout_s=bad)
+@pytest.mark.parametrize("name", ["timeout_s", "collective_timeout_s"])
+def test_a_timeout_that_is_not_positive_gets_a_clear_error(name, bad):
+    with pytest.raises(ValueError, match=f"^{name} must be a positive"):
+        run_in_processes(reports_who_it_is, ("x",), **{name: bad})
 
 
 def test_a_failed_worker_stops_a_peer_stuck_in_c_within_seconds():

@@ -90,6 +90,16 @@ def test_6_3_right_answers_pass_and_each_mistake_gets_its_hint():
                                        "DTensors": 40}
 
 
+def gathers_on_rank_0_only(model, path):  # the usual wrong answer: a hang, once
+    if dist.get_rank() == 0:
+        torch.save({k: v.full_tensor() for k, v in model.state_dict().items()}, path)
+
+
+def test_6_3_an_all_gather_one_process_never_joins_gets_its_hint_in_seconds():
+    verdict = check(l6.CHECKPOINT, gathers_on_rank_0_only)
+    assert_verdict(verdict, WRONG, "only process 0 gathered")
+
+
 def test_6_3_a_learners_error_in_a_worker_is_one_sentence():
     def raises(model, path):
         raise ValueError("no disk left")

@@ -149,14 +149,20 @@ def saving_worker(accelerator, save, path):
 def _saved(answer, config):
     with tempfile.TemporaryDirectory() as folder:
         try:
+            # an all-gather that one process never joins (the usual mistake) fails
+            # after a few seconds, not the launcher's minute
             return run_in_processes(saving_worker, (answer, f"{folder}/model.pt"),
-                                    timeout_s=90)
+                                    timeout_s=90, collective_timeout_s=6)
         except WorkerTimeoutError:
             return Raised("WorkerTimeoutError: the processes never finished")
         except WorkerFailedError as error:
             last = error.worker_traceback.strip().splitlines()[-1]
+            # gloo's words for a collective a peer never joined: the waiting process
+            # times out, or its peer sees the connection close as the other exits
+            waited = any(text in error.worker_traceback for text in
+                         ("Timed out", "by peer", "pair closure"))
             return Raised("RuntimeError: a collective timed out: a process never "
-                          "joined it" if "Timed out" in last else last)  # gloo's path
+                          "joined it" if waited else last)
 
 
 def gathered_save(model, path):
