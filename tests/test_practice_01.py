@@ -56,7 +56,8 @@ def test_1_2_judges_switches_by_what_the_model_then_does():
 @pytest.mark.skipif(torch.version.cuda is not None, reason="a CPU build cannot pin")
 def test_1_2_offload_on_a_cpu_build_is_explained():
     offload = l1.switch_with(activation_checkpointing_kwargs=l1.BOTH, offload=True)
-    assert_verdict(check(l1.SWITCH, offload), WRONG, "pin_memory", "leave offload=False")
+    assert_verdict(check(l1.SWITCH, offload), WRONG, "pin_memory",
+                   "leave offload=False")
 
 
 def test_1_2_an_unfinished_switch_is_not_done():

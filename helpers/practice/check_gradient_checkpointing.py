@@ -24,6 +24,7 @@ from helpers.practice.core import (
     explaining_warnings,
     learner,
 )
+from helpers.practice.fixtures import fixed_batches, tiny_model
 from helpers.units import KiB
 
 # --- 1.1: a region that ends before B ---------------------------------------------
@@ -101,18 +102,6 @@ def check_region_before_b_prediction(prediction):
 
 # --- 1.2: the switch in Transformers, a colleague's line fixed ----------------------
 
-def tiny_batch(model, seed):
-    """4 sequences of 32 random ordinary tokens (no [PAD], [CLS]...), labels 0, 1..."""
-    from helpers.data import load_tokenizer
-
-    special = set(load_tokenizer().all_special_ids)
-    ordinary = torch.tensor([i for i in range(model.config.vocab_size)
-                             if i not in special])
-    picks = torch.randint(len(ordinary), (4, 32),
-                          generator=torch.Generator().manual_seed(seed))
-    return {"input_ids": ordinary[picks], "labels": torch.tensor([0, 1] * 2)}
-
-
 def backward_gradients(model, batch, seed=0):
     """The gradients of one forward and backward, any dropout drawn from ``seed``."""
     model.zero_grad(set_to_none=True)
@@ -124,14 +113,11 @@ def backward_gradients(model, batch, seed=0):
 all_close = close(rel=1e-5, abs_=1e-6)  # the same gradients, float32 rounding aside
 
 
-def switch_run(switch, seed):
+def switch_run(switch, batch_size):
     """The tiny DistilBERT after ``switch(model)``: KiB kept for backward, gradients
     through torch.autograd.grad, whether backward replays the forward's dropout masks
     (the random-number state preserved), the old name's warning, what it returned."""
-    from helpers.models import build_model
-
-    model = build_model("tiny", seed=0).train()
-    batch = tiny_batch(model, seed)
+    model, batch = tiny_model().train(), fixed_batches(batch_size, 1)[0]
     plain = backward_gradients(model, batch)
     with explaining_warnings("gradient_checkpointing_enable",
                              "use_reentrant") as warned:
@@ -179,7 +165,7 @@ OLD_NAME = ("gradient_checkpointing_enable is the deprecated name. Hint: "
             "activation_checkpointing_enable(activation_checkpointing_kwargs=...)")
 BOTH = {"use_reentrant": False, "preserve_rng_state": False}
 SWITCH = Exercise(
-    "1.2", measure=switch_run, configs=(0, 1), name="switch_on_checkpointing",
+    "1.2", measure=switch_run, configs=(4, 2), name="switch_on_checkpointing",
     intended=switch_with(activation_checkpointing_kwargs=BOTH),
     mistakes=[
         (f"two things to fix: {OLD_NAME}; and {REENTRANT}.", switch_with(
@@ -205,7 +191,7 @@ SWITCH = Exercise(
     error_hints=[("pin_memory", "leave offload=False, as the colleague asked (this "
                   "torch build cannot pin host memory).")],
     describe="call model.activation_checkpointing_enable(...) with both options in its "
-    "kwargs, and change nothing else.", label="seed {}",
+    "kwargs, and change nothing else.", label="batches of {}",
     correct="every layer checkpointed: {kept_KiB} KiB kept for backward, the same "
     "gradients through torch.autograd.grad, and with dropout on, backward drew new "
     "masks: the random-number state was not copied (safe: the model has no dropout).")
@@ -367,12 +353,13 @@ def balanced_sizes(n_blocks, segments):
     return [shorter] * (segments - longer) + [shorter + 1] * longer
 
 
-def every_segment_checkpointed(blocks, h, segments):
+def every_segment_checkpointed(blocks, h, segments, use_reentrant=False):
     """The intended answer of 1.4. Of the balanced orders, longest last peaks highest
     (backward recomputes the last segment first, while every other input is alive)."""
     start = 0
     for size in balanced_sizes(len(blocks), segments):
-        h = checkpoint(run_blocks, blocks[start:start + size], h, use_reentrant=False)
+        h = checkpoint(run_blocks, blocks[start:start + size], h,
+                       use_reentrant=use_reentrant)
         start += size
     return h
 
@@ -474,14 +461,6 @@ def late_binding(blocks, h, segments):
     return h
 
 
-def without_use_reentrant(blocks, h, segments):
-    start = 0
-    for size in balanced_sizes(len(blocks), segments):
-        h = checkpoint(run_blocks, blocks[start:start + size], h)
-        start += size
-    return h
-
-
 def nested(blocks, h, segments):
     return checkpoint(every_segment_checkpointed, blocks, h, segments,
                       use_reentrant=False)
@@ -509,7 +488,8 @@ SEGMENTS = Exercise(
          late_binding),
         ("without use_reentrant=False, checkpoint takes the reentrant path, and its "
          "output needs no gradient (PyTorch warned). Hint: use_reentrant=False.",
-         without_use_reentrant),
+         # use_reentrant=None: as if the learner left it out
+         partial(every_segment_checkpointed, use_reentrant=None)),
         ("a checkpoint inside another one's region ran twice in backward. Hint: one "
          "checkpoint per segment, none around them all.", nested),
         ("its output does not require a gradient: no .detach() or .data on it. Hint: "

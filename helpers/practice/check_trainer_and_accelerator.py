@@ -16,6 +16,7 @@ from helpers.models import flat_parameters
 from helpers.practice import core
 from helpers.practice.fixtures import (
     ON_CPU,
+    fixed_batches,
     fresh_accelerate_state,
     logged_losses,
     tiny_model,
@@ -23,7 +24,6 @@ from helpers.practice.fixtures import (
     training_examples,
 )
 from helpers.random_state import global_random_state_kept
-from helpers.trainer_losses import first_logged_losses
 
 WEIGHTS_TOLERANCE = 1e-5 if ON_CPU else 1e-4  # float32 rounding in a step or two
 
@@ -140,11 +140,10 @@ SETTINGS, MICRO_BATCHES = ((4, True), (4, False), (3, True), (3, False)), 10
 @functools.cache
 def micro_batch_losses():
     """Each micro-batch's loss, at the weights Trainer starts from (learning rate 0)."""
-    examples, tokenizer = training_examples(16 * MICRO_BATCHES)
     with torch.no_grad():
         model = tiny_model()
-        return [model(**batch.to(model.device)).loss.item()
-                for batch in make_dataloader(examples, tokenizer, 16)]
+        return [model(**batch).loss.item()
+                for batch in fixed_batches(16, MICRO_BATCHES)]
 
 
 def trainer_logs(micro_batch_losses, accumulation, accepts_loss_kwargs):
@@ -152,12 +151,9 @@ def trainer_logs(micro_batch_losses, accumulation, accepts_loss_kwargs):
     the micro-batches at learning rate 0 (it reads no prediction)."""
     model = tiny_model()
     model.accepts_loss_kwargs = accepts_loss_kwargs
-    examples, tokenizer = training_examples(16 * MICRO_BATCHES)
-    with fresh_accelerate_state():
-        return first_logged_losses(
-            model, examples, tokenizer, steps=-(-MICRO_BATCHES // accumulation),
-            micro_batch_size=16, accumulation=accumulation, learning_rate=0.0,
-            train_sampling_strategy="sequential", use_cpu=ON_CPU)
+    return logged_losses(trainer_run(16 * MICRO_BATCHES, 16, accumulation, model=model,
+                                     steps=-(-MICRO_BATCHES // accumulation),
+                                     learning_rate=0.0))
 
 
 def measure_predictions(predict, setting):
@@ -370,9 +366,7 @@ def one_big_step(examples):
     """The weights after one plain SGD step on all ``examples`` at once (lesson 2's
     claim, measured)."""
     model = tiny_model()
-    data, tokenizer = training_examples(examples)
-    batch = next(iter(make_dataloader(data, tokenizer, examples)))
-    model(**batch.to(model.device)).loss.backward()
+    model(**fixed_batches(examples, 1)[0]).loss.backward()
     torch.optim.SGD(model.parameters(), lr=SGD["learning_rate"]).step()
     return flat_parameters(model).cpu()
 

@@ -63,14 +63,15 @@ def fresh_accelerate_state():
 
 
 def trainer_run(examples, micro_batch_size, accumulation=1, make_args=None,
-                model=None, compute_loss_func=None, **arguments):
-    """The Trainer after one step of ``model`` (or a fresh tiny one) on the first
-    ``examples`` examples, in order, with ``make_args(output_dir)``'s TrainingArguments
-    or ``arguments``; nothing saved, the random and Accelerate states put back."""
+                model=None, compute_loss_func=None, steps=1, **arguments):
+    """The Trainer after ``steps`` optimizer steps of ``model`` (or a fresh tiny one) on
+    the first ``examples`` examples, in order, with ``make_args(output_dir)``'s
+    TrainingArguments or ``arguments``; nothing saved, the random and Accelerate states
+    put back."""
     from transformers import DataCollatorWithPadding, Trainer, TrainingArguments
     from transformers.trainer_callback import PrinterCallback
 
-    one_step = dict(max_steps=1, logging_steps=1, save_strategy="no", report_to=[],
+    one_step = dict(max_steps=steps, logging_steps=1, save_strategy="no", report_to=[],
                     per_device_train_batch_size=micro_batch_size, disable_tqdm=True,
                     gradient_accumulation_steps=accumulation,
                     train_sampling_strategy="sequential")
