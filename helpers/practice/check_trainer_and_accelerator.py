@@ -325,10 +325,13 @@ LOOP = core.Exercise(
 
 
 @core.checker(LOOP)
-def check_fixed_loop(fixed_loop):
+def check_fixed_accumulation_loop(fixed_loop):
     """``fixed_loop(accelerator, model, optimizer, dataloader)``: exercise 2.3's loop,
     its bugs fixed."""
     return fixed_loop
+
+
+check_fixed_loop = check_fixed_accumulation_loop  # the name practice 2 calls
 
 
 def compare_with_bigger_batches(loop):
