@@ -3,7 +3,6 @@ practice core: the dtypes autocast ran, a Trainer step and an Accelerator's forw
 pass, bytes held after a real step, the weights after a real float16 loop."""
 import functools
 import math
-import tempfile
 import textwrap
 
 import torch
@@ -19,7 +18,9 @@ from helpers.practice.core import (
     checker,
     close,
     learner,
+    returned,
 )
+from helpers.practice.fixtures import args_with
 
 # --- 5.1: which operations run in bfloat16 ----------------------------------------
 
@@ -127,35 +128,21 @@ def bf16_setups_run(answer, config):
     """(matmul dtypes, loss) of one Trainer step with the learner's arguments and of
     one forward pass of a model their Accelerator prepared (with the logits' dtype)."""
     from accelerate import Accelerator
-    from transformers import TrainingArguments
 
     make_training_args, make_accelerator = answer
-    with tempfile.TemporaryDirectory() as folder, fixtures.fresh_accelerate_state():
-        args = learner(make_training_args, folder)
-    if not isinstance(args, TrainingArguments):
-        raise Wrong("make_training_args should return TrainingArguments(...), but "
-                    f"returned {type(args).__name__}.")
+    fixtures.learners_arguments(make_training_args)  # a form problem, said first
     with DtypeCounter() as counter:
         trainer = learner(fixtures.trainer_run, 8, 8, make_args=make_training_args)
-    loss = next(e["loss"] for e in trainer.state.log_history if "loss" in e)
-    batch = fixtures.fixed_batches(8, 1)[0]
+    loss, batch = fixtures.logged_losses(trainer)[0], fixtures.fixed_batches(8, 1)[0]
     with fixtures.fresh_accelerate_state():
-        accelerator = learner(make_accelerator)
-        if not isinstance(accelerator, Accelerator):
-            raise Wrong("make_accelerator should return Accelerator(...), but returned "
-                        f"{type(accelerator).__name__}.")
+        accelerator = returned(learner(make_accelerator), Accelerator,
+                               "make_accelerator")
         model = learner(accelerator.prepare, fixtures.tiny_model())
         with DtypeCounter() as forward, torch.no_grad():
             outputs = model(**batch)
     return {"trainer": (matmul_dtypes(counter), loss),
             "accelerator": (matmul_dtypes(forward), dtype_name(outputs.logits.dtype),
                             outputs.loss.item())}
-
-
-def args_with(**settings):  # make_training_args as a learner writes it
-    from transformers import TrainingArguments
-
-    return lambda folder: TrainingArguments(folder, report_to="none", **settings)
 
 
 def accelerator_with(**settings):  # make_accelerator as a learner writes it

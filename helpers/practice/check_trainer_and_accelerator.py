@@ -6,7 +6,6 @@ the layers recomputed in backward, the losses Trainer logged, the weights afterw
 import collections
 import functools
 import inspect
-import tempfile
 
 import torch
 import torch.nn.functional as F
@@ -16,8 +15,10 @@ from helpers.models import flat_parameters
 from helpers.practice import core
 from helpers.practice.fixtures import (
     ON_CPU,
+    args_with,
     fixed_batches,
     fresh_accelerate_state,
+    learners_arguments,
     logged_losses,
     tiny_model,
     trainer_run,
@@ -37,14 +38,8 @@ def measure_arguments(make_training_args, config):
     """The learner's TrainingArguments: their evaluation strategy, whether they were
     given the deprecated name, and what one Trainer step with their batch and
     checkpointing settings did (``trained``)."""
-    from transformers import TrainingArguments
-
-    with (core.explaining_warnings(OLD_NAME) as warnings,
-          tempfile.TemporaryDirectory() as folder):
-        args = core.learner(make_training_args, folder)
-    if not isinstance(args, TrainingArguments):
-        raise core.Wrong("make_training_args should return TrainingArguments(...), but "
-                         f"returned {type(args).__name__}.")
+    with core.explaining_warnings(OLD_NAME) as warnings:
+        args = learners_arguments(make_training_args)
     micro_batch, accumulation = (args.per_device_train_batch_size,
                                  args.gradient_accumulation_steps)
     if micro_batch * accumulation > 512:  # too many to train here, and wrong anyway
@@ -83,12 +78,9 @@ def trained(micro_batch, accumulation, checkpointing, checkpointing_kwargs):
 
 def arguments(**changed):
     """A learner's make_training_args: the intended settings, ``changed``."""
-    from transformers import TrainingArguments
-
-    settings = {**dict(eval_strategy="epoch", per_device_train_batch_size=8,
-                       gradient_accumulation_steps=8, activation_checkpointing=True,
-                       report_to="none"), **changed}
-    return lambda output_dir: TrainingArguments(output_dir=output_dir, **settings)
+    return args_with(**{**dict(eval_strategy="epoch", per_device_train_batch_size=8,
+                               gradient_accumulation_steps=8,
+                               activation_checkpointing=True), **changed})
 
 
 TRAINING_ARGUMENTS = core.Exercise(

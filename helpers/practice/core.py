@@ -277,6 +277,14 @@ def as_number(value, name="your answer", whole=False):
     return int(number) if whole else number
 
 
+def returned(value, kind, name):
+    """``value``, if the learner's ``name`` returned a ``kind``; else a form problem."""
+    if not isinstance(value, kind):
+        raise Wrong(f"{name} should return {kind.__name__}(...), but returned "
+                    f"{type(value).__name__}.")
+    return value
+
+
 def listed(items):  # a; a and b; a, b and c; "" for none
     items = [str(item) for item in items]
     return ", ".join(items[:-1]) + " and " * (len(items) > 1) + "".join(items[-1:])

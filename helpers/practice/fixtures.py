@@ -62,6 +62,25 @@ def fresh_accelerate_state():
         AcceleratorState._shared_state.update(saved[1])
 
 
+def args_with(**settings):
+    """make_training_args as a learner writes it: TrainingArguments(``settings``)."""
+    from transformers import TrainingArguments
+
+    return lambda folder: TrainingArguments(folder, report_to="none", **settings)
+
+
+def learners_arguments(make_training_args):
+    """The TrainingArguments that the learner's ``make_training_args(output_dir)``
+    returns (anything else is a form problem)."""
+    from transformers import TrainingArguments
+
+    from helpers.practice.core import learner, returned
+
+    with tempfile.TemporaryDirectory() as folder, fresh_accelerate_state():
+        return returned(learner(make_training_args, folder), TrainingArguments,
+                        "make_training_args")
+
+
 def trainer_run(examples, micro_batch_size, accumulation=1, make_args=None,
                 model=None, compute_loss_func=None, steps=1, **arguments):
     """The Trainer after ``steps`` optimizer steps of ``model`` (or a fresh tiny one) on
