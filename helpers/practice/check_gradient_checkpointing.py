@@ -3,6 +3,7 @@
 a policy saved, which blocks were recomputed together, and the gradients, measured."""
 import functools
 import inspect
+import itertools
 import math
 from functools import partial
 
@@ -366,13 +367,9 @@ def every_segment_checkpointed(blocks, h, segments, use_reentrant=False):
 
 def recomputed_regions(recomputed):
     """The lengths of the runs of consecutive blocks recomputed together, sorted."""
-    regions = []
-    for index in recomputed:
-        if regions and index == regions[-1][-1] + 1:
-            regions[-1].append(index)
-        else:
-            regions.append([index])
-    return tuple(sorted(len(region) for region in regions))
+    # within a run of consecutive blocks, index - position stays the same
+    return tuple(sorted(len(list(run)) for _, run in itertools.groupby(
+        enumerate(recomputed), lambda pair: pair[1] - pair[0])))
 
 
 OUTPUT = "the output of the blocks run in order"
