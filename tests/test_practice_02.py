@@ -124,9 +124,8 @@ def test_2_3_fixed_loop(capsys):
                                      "step")(accelerator, model, optimizer, dataloader)
 
     assert_verdict(check(l2.LOOP, a_generator), WRONG, "generator function")
-    assert_verdict(check(l2.LOOP, hard_coded_2), WRONG,
-                   "with gradient_accumulation_steps=3, what differs from the "
-                   "intended answer: weights")
+    assert_verdict(check(l2.LOOP, hard_coded_2), WRONG, "with gradient_accumulation_"
+                   "steps=3, what differs from the intended answer: weights")
     assert_verdict(l2.check_fixed_loop.verdict(unfinished), NOT_DONE)
     l2.compare_with_bigger_batches(l2.accumulate_by_hand(l2.PLAIN))
     assert capsys.readouterr().out.splitlines() == [
