@@ -32,7 +32,7 @@ def test_1_1_two_runs_of_sin_is_what_the_graph_does_without_early_stop():
 @pytest.mark.parametrize("prediction, fragment", [
     ({"kept_KiB": 256, "A_runs": 1}, 'the keys "kept_KiB", "A_runs" and "B_runs"'),
     ({"kept_KiB": 256, "A_runs": 1.5, "B_runs": 1}, "rounds up"),
-    ({"kept_KiB": 100, "A_runs": 3, "B_runs": 1}, "off: kept_KiB and A_runs"),
+    ({"kept_KiB": 100, "A_runs": 3, "B_runs": 1}, "kept_KiB 100 and A_runs 3"),
 ])
 def test_1_1_names_an_answer_in_the_wrong_form(prediction, fragment):
     assert_verdict(l1.check_region_before_b_prediction.verdict(prediction), WRONG,
@@ -56,7 +56,8 @@ def test_1_2_judges_switches_by_what_the_model_then_does():
 @pytest.mark.skipif(torch.version.cuda is not None, reason="a CPU build cannot pin")
 def test_1_2_offload_on_a_cpu_build_is_explained():
     offload = l1.switch_with(activation_checkpointing_kwargs=l1.BOTH, offload=True)
-    assert_verdict(check(l1.SWITCH, offload), WRONG, "pin_memory", "no offload")
+    assert_verdict(check(l1.SWITCH, offload), WRONG, "pin_memory",
+                   "leave offload=False")
 
 
 def test_1_2_an_unfinished_switch_is_not_done():
@@ -124,7 +125,7 @@ def test_1_4_a_wrong_output_and_an_unfinished_forward():
         ...
 
     assert_verdict(check(l1.SEGMENTS, skips_a_block), WRONG,
-                   "differs from running the blocks one after the other")
+                   "the output of the blocks run in order False")
     assert_verdict(check(l1.SEGMENTS, lambda blocks, h, segments: None), WRONG,
                    "should return the last block's output")
     assert_verdict(l1.check_checkpointed_segments.verdict(unfinished), NOT_DONE,

@@ -114,7 +114,8 @@ def test_4_3_fixed_step():
         param.mul_(1 - lr * weight_decay)
 
     assert_verdict(check(l4.FIXED_STEP, half_the_decay), WRONG,
-                   "with gradients of about 1, after 10 steps", "parameter.")
+                   "with gradients of about 1, what differs from the intended "
+                   "answer: parameter.")
     assert_verdict(check(l4.FIXED_STEP, no_state), WRONG, "KeyError",
                    "keep the state in the dict")
     assert_verdict(l4.check_fixed_step.verdict(unfinished), NOT_DONE)

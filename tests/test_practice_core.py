@@ -58,6 +58,20 @@ def test_an_answer_that_ignores_the_argument_fails_on_the_second_configuration()
                    "double(3.5) gave 8, not 7.0")  # describe: no mistake matched
 
 
+def test_a_mistake_is_named_only_where_it_matches_on_every_configuration():
+    verdict = check(DOUBLE, lambda x: x + 2 if x == 1 else 0)  # x + 2 on 1 only
+    assert_verdict(verdict, WRONG, "double(1) gave 3, not 2.")
+    assert ADDED not in verdict.message
+
+
+def test_the_default_description_names_the_parts_that_differ_and_the_hint():
+    halves = Exercise("0.3", lambda answer, x: learner(answer, x), lambda x: {
+        "half": x / 2, "x": x}, configs=(2, 4), label="x={}", describe="halve x.")
+    assert_verdict(check(halves, lambda x: {"half": x / 2 if x < 3 else 0, "x": x}),
+                   WRONG, "with x=4, what differs from the intended answer: half 0. "
+                   "Hint: halve x.")
+
+
 def test_a_learners_exception_is_one_sentence_with_a_hint():
     assert_verdict(check(DOUBLE, lambda x: 1 / 0), WRONG,
                    "calling double raised ZeroDivisionError", "x may be 0.")
@@ -83,6 +97,10 @@ def test_a_check_that_fails_itself_says_so_where_and_whom_to_tell():
     verdict = check(broken, 1)
     assert_verdict(verdict, CHECK_FAILED, "bug in the check", "KeyError: 'missing'",
                    "tests/test_practice_core.py, line", "course maintainers")
+    raises = Exercise("0.4", lambda answer, x: learner(answer, x), lambda x: 1 / 0)
+    line = raises.intended.__code__.co_firstlineno  # the intended answer's own line
+    assert_verdict(check(raises, lambda x: 1), CHECK_FAILED, "ZeroDivisionError",
+                   f"at tests/test_practice_core.py, line {line}.")
 
 
 def test_the_printed_verdict(capsys):

@@ -74,29 +74,26 @@ ADAMW_STATE = prediction(
     lambda shapes, dtype: one_step(torch.optim.AdamW, shapes, dtype),
     [(f"{label} {shapes} in {str(dtype)[6:]}", (shapes, dtype))
      for label, shapes in SHAPE_LISTS for dtype in DTYPES],
-    [("the two EMAs are right, but AdamW also keeps a `step` counter for every "
-      "parameter tensor: a 0-dimensional float32 tensor, 4 bytes per tensor.",
+    [("AdamW also keeps a `step` counter per parameter tensor: a 0-dimensional "
+      "float32 tensor, 4 bytes.",
       lambda shapes, dtype: 2 * values(shapes) * dtype.itemsize),
-     ("that is the lesson's 8 bytes per parameter, true of float32 only and without "
-      "the step counters: both EMAs take the parameter's dtype (zeros_like(param)), "
-      "and each tensor has a 4-byte float32 `step`.",
+     ("8 bytes per parameter holds for float32 only, without the step counters: "
+      "the EMAs take the parameter's dtype, and each tensor has a 4-byte `step`.",
       lambda shapes, dtype: 8 * values(shapes)),
-     ("that is right for float32 only: AdamW makes both EMAs with "
-      "torch.zeros_like(param), so they take the parameter's dtype (dtype.itemsize).",
-      lambda shapes, dtype: 8 * values(shapes) + 4 * len(shapes)),
-     ("the EMAs are right, the step counters are not: `step` is float32 (4 bytes) "
-      "whatever the parameter's dtype.",
+     ("right for float32 only: the EMAs are zeros_like(param), in the parameter's "
+      "dtype (dtype.itemsize).", lambda shapes, dtype: 8 * values(shapes) + 4 * len(
+          shapes)),
+     ("`step` is float32 (4 bytes) whatever the parameter's dtype.",
       lambda shapes, dtype: (2 * values(shapes) + len(shapes)) * dtype.itemsize),
-     ("there is one `step` counter per parameter tensor, not one for the whole "
-      "optimizer.", lambda shapes, dtype: 2 * values(shapes) * dtype.itemsize + 4),
-     ("a tensor holds the product of its dimensions, math.prod(shape) values, not "
-      "their sum.", lambda shapes, dtype: sum(2 * sum(shape) * dtype.itemsize + 4
-                                              for shape in shapes))],
+     ("there is a `step` counter per parameter tensor, not one per optimizer.",
+      lambda shapes, dtype: 2 * values(shapes) * dtype.itemsize + 4),
+     ("a tensor holds math.prod(shape) values, not sum(shape).", lambda shapes, dtype:
+      sum(2 * sum(shape) * dtype.itemsize + 4 for shape in shapes))],
     lambda measured, cases: (
-        f"your predictions match one real AdamW step in all {len(cases)} cases. For "
+        f"your predictions match a real AdamW step in all {len(cases)} cases; for "
         f"{SHAPE_LISTS[0][0]}: " + ", ".join(
             f"{n:,} bytes in {str(dtype)[6:]}" for n, dtype in zip(measured, DTYPES))
-        + ": two EMAs in the parameters' dtype, and a 4-byte `step` per tensor."))
+        + ": two EMAs in the parameters' dtype, a 4-byte `step` per tensor."))
 
 
 @core.checker(ADAMW_STATE)
@@ -187,21 +184,18 @@ def budget_correct(measured, config):
 TRAINING_BUDGET = core.Exercise(
     "4.2", measure_budget, mixed_precision_budget, name="training_bytes",
     mistakes=[
-        ("your numbers are bytes per parameter: multiply each by the "
-         f"{N_7B:,} parameters.", budget(n=1)),
-        ("AdamW's state is made like the weights it updates, the float32 master "
-         "weights (zeros_like): two float32 values, 8 bytes per parameter, not 4.",
+        (f"those are bytes per parameter: multiply by the {N_7B:,} parameters.",
+         budget(n=1)),
+        ("AdamW's state is like the float32 master weights it updates: 2 x 4 bytes.",
          budget((2, 2, 4, 4))),
-        ("backward writes each gradient in its weight's dtype: the weights are "
-         "bfloat16, so the gradients are too, 2 bytes per parameter.",
+        ("a gradient takes its weight's dtype: bfloat16, 2 bytes.",
          budget((2, 4, 4, 8))),
-        ("mixed precision keeps float32 master weights beside the bfloat16 model: "
-         "4 bytes per parameter, the copy that the optimizer updates.",
-         budget((2, 2, 0, 8))),
-        ("the master weights are a part of their own, not AdamW's state: that is "
-         "exp_avg and exp_avg_sq, 8 bytes per parameter.", budget((2, 2, 4, 12))),
-        (f"the four parts add up to 16 bytes per parameter, {16 * N_7B / GiB:.1f} "
-         "GiB: more than 80 GiB, so it does not fit.", budget(fits=True))],
+        ("mixed precision keeps float32 master weights, 4 bytes, beside the bfloat16 "
+         "model.", budget((2, 2, 0, 8))),
+        ("the master weights are a part of their own; AdamW's state is exp_avg and "
+         "exp_avg_sq, 8 bytes.", budget((2, 2, 4, 12))),
+        (f"16 bytes per parameter are {16 * N_7B / GiB:.1f} GiB: more than 80 GiB.",
+         budget(fits=True))],
     describe=describe_budget, correct=budget_correct,
     same=core.close(rel=0.01))  # the mistakes are 50 % off or more; step counters 2e-8
 
@@ -227,8 +221,10 @@ def measure_step(step, scale):
     for _ in range(STEPS):
         gradient = scale * torch.randn(6, 4, generator=generator)
         core.learner(step, parameter, gradient, state, **HYPER)
-    return core.learner(lambda: (parameter, state["exp_avg"] / scale, state[
-        "exp_avg_sq"] / scale**2, core.as_number(state["step"], "state['step']")))
+    return core.learner(lambda: {
+        "parameter": parameter, "exp_avg": state["exp_avg"] / scale,
+        "exp_avg_sq": state["exp_avg_sq"] / scale**2,
+        "step": core.as_number(state["step"], "state['step']")})
 
 
 def torch_adamw_step(param, grad, state, lr, betas, eps, weight_decay):
@@ -275,43 +271,33 @@ def decay_on_a_copy(param, grad, state, lr, betas, eps, weight_decay):
 FIXED_STEP = core.Exercise(
     "4.3", measure_step, torch_adamw_step, configs=SCALES, name="fixed_step",
     mistakes=[
-        ("this step still adds weight_decay x param to the gradient (Adam's L2 "
-         "penalty), which is then divided by sqrt(exp_avg_sq): with a zero gradient "
-         "every weight shrinks by about lr, whatever its size. AdamW decouples it: "
+        ("this still adds weight_decay x param to the gradient (Adam's L2), which "
+         "sqrt(exp_avg_sq) then divides. AdamW decouples it: "
          "param.mul_(1 - lr * weight_decay), the gradient left alone.", colleague_step),
-        ("you added AdamW's decay but kept the line that adds weight_decay x param to "
-         "the gradient, so the weights decay twice. Remove that line.",
+        ("the weights decay twice: remove the line that adds weight_decay x param to "
+         "the gradient.",
          lambda param, grad, state, lr, betas, eps, weight_decay: adamw_step(
              param, grad.add(param, alpha=weight_decay), state, lr, betas, eps,
              weight_decay)),
-        ("there is no weight decay now: AdamW shrinks the parameter itself before the "
-         "update, in place: param.mul_(1 - lr * weight_decay).",
+        ("no weight decay now: param.mul_(1 - lr * weight_decay) before the update.",
          lambda param, grad, state, lr, betas, eps, weight_decay: adamw_step(
              param, grad, state, lr, betas, eps, 0.0)),
-        ("AdamW's decay is scaled by the learning rate: param *= 1 - lr x "
-         "weight_decay, not 1 - weight_decay.", decay_without_lr),
-        ("the parameter your step was given is unchanged: `param = param * (...)` "
-         "gives the name param a new tensor, which the caller never sees (nor the "
-         "update after it). Change it in place: param.mul_(1 - lr * weight_decay).",
-         decay_on_a_copy),
-        ("the decay is right, but eps is inside the square root here; "
-         "torch.optim.AdamW adds it outside, as colleague_step does. With gradients "
-         "of about 1e-5 (the check's second run), sqrt(1e-8) = 1e-4 is ten times "
-         "them.", lambda *args, **hyper: adamw_step(*args, **hyper, eps_inside=True))],
-    describe=lambda got, expected, scale: (
-        f"with gradients of about {scale:g}, after {STEPS} steps, what differs from "
-        "torch.optim.AdamW's: " + ", ".join(name for name, mine, intended in zip(
-            ("parameter", "exp_avg", "exp_avg_sq", "step"), got, expected)
-            if not FIXED_STEP.same(mine, intended)) + ". Hint: start again from "
-        "colleague_step and change only how weight_decay is applied."),
-    error_hints=[("KeyError", "keep the state in the dict the step receives "
-                              "(state['exp_avg'], ...), as colleague_step does.")],
+        ("the decay is scaled by the learning rate: 1 - lr x weight_decay.",
+         decay_without_lr),
+        ("`param = param * (...)` makes a new tensor the caller never sees. Hint: "
+         "param.mul_(1 - lr * weight_decay), in place.", decay_on_a_copy),
+        ("eps belongs outside the square root, as in colleague_step: with gradients "
+         "of 1e-5, sqrt(1e-8) is ten times them.",
+         lambda *args, **hyper: adamw_step(*args, **hyper, eps_inside=True))],
+    label="gradients of about {:g}", describe="start from colleague_step and change "
+    "only how weight_decay is applied.",
+    error_hints=[("KeyError", "keep the state in the dict the step receives, as "
+                              "colleague_step does.")],
     same=core.close(rel=1e-5, abs_=1e-7),  # float32 rounding over 10 steps: right
     # answers stay within a fifth of it, each mistake thousands of times beyond it
-    correct=lambda got, scale: (
-        f"after {STEPS} steps, with gradients of about 1 and of about 1e-5, your "
-        "parameter, exp_avg and exp_avg_sq match torch.optim.AdamW's: the decay now "
-        "shrinks each weight in proportion to its size, outside the adaptive update."))
+    correct=f"after {STEPS} steps with gradients of about 1 and 1e-5, your parameter "
+    "and state match torch.optim.AdamW's: the decay shrinks each weight in proportion "
+    "to its size, outside the adaptive update.")
 
 
 @core.checker(FIXED_STEP)
@@ -365,14 +351,14 @@ ADAFACTOR_STATE = prediction(
     "4.4", "adafactor_state_bytes", adafactor_after_step,
     [(f"{shapes} with momentum={momentum}", (shapes, momentum))
      for shapes in STATE_SHAPE_LISTS for momentum in (False, True)],
-    [("every tensor also keeps RMS, its root mean square: a 0-dimensional float32 "
-      "tensor, 4 bytes per tensor.", lambda shapes, momentum: sum(
-          4 * (factored(s) + momentum * math.prod(s)) for s in shapes)),
-     ("a matrix keeps its second moment factored: exp_avg_sq_row and exp_avg_sq_col, "
-      "one float32 per row and one per column.", lambda shapes, momentum: sum(
-          4 * (1 + momentum) * math.prod(s) + 4 for s in shapes)),
-     ("with momentum (beta1 set) Adafactor also keeps exp_avg, a full float32 "
-      "tensor.", lambda shapes, momentum: sum(4 * factored(s) + 4 for s in shapes)),
+    [("every tensor also keeps RMS: a 0-dimensional float32 tensor, 4 bytes.",
+      lambda shapes, momentum: sum(4 * (factored(s) + momentum * math.prod(s))
+                                   for s in shapes)),
+     ("a matrix's second moment is factored: one float32 per row and per column.",
+      lambda shapes, momentum: sum(4 * (1 + momentum) * math.prod(s) + 4
+                                   for s in shapes)),
+     ("with momentum (beta1) Adafactor also keeps exp_avg, a full float32 tensor.",
+      lambda shapes, momentum: sum(4 * factored(s) + 4 for s in shapes)),
      ("exp_avg, the first moment, is not factored: a full float32 tensor.",
       lambda shapes, momentum: sum(
           4 * (1 + momentum) * factored(s) + 4 for s in shapes))],
@@ -382,23 +368,20 @@ ADAFACTOR_STATE = prediction(
 ADAMW8BIT_STATE = prediction(
     "4.4", "adamw8bit_state_bytes", adamw8bit_after_step,
     [(str(shapes), (shapes,)) for shapes in STATE_SHAPE_LISTS],
-    [("the 8-bit codes index two lookup tables, qmap1 and qmap2: 256 float32 values "
-      "each, 2,048 bytes, once for the whole optimizer.",
+    [("add the two lookup tables, qmap1 and qmap2: 2 x 256 float32, once.",
       lambda shapes: sum(eight_bit(math.prod(s)) for s in shapes)),
-     ("the two lookup tables (2,048 bytes) are shared by every tensor's state: count "
-      "them once.", lambda shapes: sum(
-          eight_bit(n) + 2048 * (n >= 4096) for n in map(math.prod, shapes))),
-     ("a last, partial block of 256 values has its own scale too: round the number "
-      "of blocks up (5,000 values are 20 blocks).", lambda shapes: tables(shapes) + sum(
-          2 * n + 8 * (n // 256) if n >= 4096 else 8 * n
-          for n in map(math.prod, shapes))),
-     ("a tensor of exactly 4,096 values already gets 8-bit states: float32 states "
-      "are for tensors under 4,096 values.", lambda shapes: sum(
-          eight_bit(n) if n != 4096 else 8 * n for n in map(math.prod, shapes))
+     ("count the lookup tables (2,048 bytes) once: every state shares them.",
+      lambda shapes: sum(eight_bit(n) + 2048 * (n >= 4096)
+                         for n in map(math.prod, shapes))),
+     ("a last, partial block of 256 has its own scale: round the blocks up.",
+      lambda shapes: tables(shapes) + sum(2 * n + 8 * (n // 256) if n >= 4096
+                                          else 8 * n for n in map(math.prod, shapes))),
+     ("4,096 values already get 8-bit states; float32 is for fewer.",
+      lambda shapes: sum(eight_bit(n) if n != 4096 else 8 * n
+                         for n in map(math.prod, shapes))
       + (2048 if max(map(math.prod, shapes)) > 4096 else 0))],
     lambda measured, cases: (f"your 8-bit AdamW predictions match {len(cases)} real "
-                             "steps, at the edges too: 4,095 and 4,096 values, and a "
-                             "last, partial block of 256."))
+                             "steps, at the edges too (4,096 values, partial blocks)."))
 
 
 def state_verdict(adafactor_state_bytes, adamw8bit_state_bytes):

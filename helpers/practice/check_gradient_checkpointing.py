@@ -3,6 +3,7 @@
 a policy saved, which blocks were recomputed together, and the gradients, measured."""
 import functools
 import inspect
+import itertools
 import math
 from functools import partial
 
@@ -23,8 +24,8 @@ from helpers.practice.core import (
     close,
     explaining_warnings,
     learner,
-    listed,
 )
+from helpers.practice.fixtures import fixed_batches, tiny_model
 from helpers.units import KiB
 
 # --- 1.1: a region that ends before B ---------------------------------------------
@@ -69,37 +70,29 @@ def predicted_or_measured(prediction, config):
             for key, number in numbers.items()}
 
 
-MUL_SAVES = ("checkpoint drops only what is saved *inside* its region, and mul, "
-             "outside it, saves both of its inputs (dC/dA = B, dC/dB = A).")
+MUL_SAVES = ("checkpoint drops only what is saved inside its region; mul, outside it, "
+             "saves both its inputs (dC/dA = B, dC/dB = A).")
 REGION = Exercise(
     "1.1", measure=predicted_or_measured, name="prediction",
     intended={"kept_KiB": 2 * 128, "A_runs": 1, "B_runs": 1},  # A and B, 128 KiB each
     mistakes=[(f'kept_KiB = {kept}: {hint}', {"kept_KiB": kept, "A_runs": 1,
                                               "B_runs": 1}) for kept, hint in [
-        (0, "you predicted that nothing stays. More stays: " + MUL_SAVES),
-        (128, "you counted one tensor of 128 KiB. More stays: " + MUL_SAVES),
-        (3 * 128, "you counted one tensor too many: which op would save C, when the "
-         "backward of sum needs no input?"),
-        (2 * 128 * 1024, "that is a number of bytes: kept_KiB is in KiB, 1 KiB = "
-         "1024 bytes."),
-        (0.25, "that looks like MiB: kept_KiB is in KiB (1 MiB = 1024 KiB).")]] + [
-        ("A_runs = 2: that would be right without early stop. With it (the default), "
-         "the recomputation stops as soon as every tensor the region saved has been "
-         "saved again: which tensor does sin save, and does it save it before or "
-         "after it runs?", {"kept_KiB": 256, "A_runs": 2, "B_runs": 1}),
-        ("B_runs = 2: B is computed outside the region, and only what runs inside a "
-         "checkpoint is recomputed.", {"kept_KiB": 256, "A_runs": 1, "B_runs": 2})],
-    describe=lambda got, expected, config: (
-        f"off: {listed(k for k, v in got.items() if v != 'as measured')}. Hint: "
-        "kept_KiB counts the tensors made in forward that some backward reads; A_runs "
-        "and B_runs count forward once, then what backward must run again."),
+        (0, "more stays: " + MUL_SAVES), (128, "more stays: " + MUL_SAVES),
+        (3 * 128, "one tensor too many: which op would save C? sum's backward reads no "
+         "input."), (2 * 128 * 1024, "that is bytes: 1 KiB = 1024 bytes."),
+        (0.25, "that is MiB: 1 MiB = 1024 KiB.")]] + [
+        ("A_runs = 2 would be right without early stop; with it, recomputation stops "
+         "once what the region saved is saved again: sin saves its input x.",
+         {"kept_KiB": 256, "A_runs": 2, "B_runs": 1}),
+        ("B_runs = 2: B runs outside the region; only a checkpoint's inside is "
+         "recomputed.", {"kept_KiB": 256, "A_runs": 1, "B_runs": 2})],
+    describe="kept_KiB counts what forward made and some backward reads; A_runs and "
+    "B_runs count forward once, then what backward runs again.",
     correct=lambda got, config: (
-        "measured: {kept_KiB:.0f} KiB kept for backward (A and B), sin {A_runs}x, "
-        "addmm {B_runs}x: the same bytes as without checkpointing. A is the region's "
-        "output, which mul saves outside it, and early stop ends the recomputation "
-        "before sin runs again (its only saved tensor is its input x). A region pays "
-        "off only when what it drops inside is not needed outside."
-    ).format(**region_measurements()))
+        "measured: {kept_KiB:.0f} KiB kept (A and B), sin {A_runs}x, addmm {B_runs}x, "
+        "as without checkpointing: mul keeps A outside the region, and early stop "
+        "ends the recomputation before sin. A region pays off only when what it drops "
+        "is not needed outside.").format(**region_measurements()))
 
 
 @checker(REGION)
@@ -110,18 +103,6 @@ def check_region_before_b_prediction(prediction):
 
 # --- 1.2: the switch in Transformers, a colleague's line fixed ----------------------
 
-def tiny_batch(model, seed):
-    """4 sequences of 32 random ordinary tokens (no [PAD], [CLS]...), labels 0, 1..."""
-    from helpers.data import load_tokenizer
-
-    special = set(load_tokenizer().all_special_ids)
-    ordinary = torch.tensor([i for i in range(model.config.vocab_size)
-                             if i not in special])
-    picks = torch.randint(len(ordinary), (4, 32),
-                          generator=torch.Generator().manual_seed(seed))
-    return {"input_ids": ordinary[picks], "labels": torch.tensor([0, 1] * 2)}
-
-
 def backward_gradients(model, batch, seed=0):
     """The gradients of one forward and backward, any dropout drawn from ``seed``."""
     model.zero_grad(set_to_none=True)
@@ -130,19 +111,14 @@ def backward_gradients(model, batch, seed=0):
     return [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
 
-def all_close(first, second):
-    return len(first) == len(second) and all(
-        torch.allclose(a, b, atol=1e-6) for a, b in zip(first, second))
+all_close = close(rel=1e-5, abs_=1e-6)  # the same gradients, float32 rounding aside
 
 
-def switch_run(switch, seed):
+def switch_run(switch, batch_size):
     """The tiny DistilBERT after ``switch(model)``: KiB kept for backward, gradients
     through torch.autograd.grad, whether backward replays the forward's dropout masks
     (the random-number state preserved), the old name's warning, what it returned."""
-    from helpers.models import build_model
-
-    model = build_model("tiny", seed=0).train()
-    batch = tiny_batch(model, seed)
+    model, batch = tiny_model().train(), fixed_batches(batch_size, 1)[0]
     plain = backward_gradients(model, batch)
     with explaining_warnings("gradient_checkpointing_enable",
                              "use_reentrant") as warned:
@@ -184,17 +160,13 @@ def switch_in_a_generator(model):
         "use_reentrant": False, "preserve_rng_state": False})
 
 
-REENTRANT = ("the reentrant checkpoint ran: your kwargs replaced Transformers' default "
-             "{'use_reentrant': False} instead of adding to it, and PyTorch, told "
-             "nothing, took its old reentrant checkpoint, which torch.autograd.grad "
-             "refuses. Hint: put \"use_reentrant\": False in the dict yourself")
-OLD_NAME = ("you called gradient_checkpointing_enable, the deprecated name "
-            "(Transformers warns that it goes in v6). Hint: today's name is "
-            "activation_checkpointing_enable; its keyword is "
-            "activation_checkpointing_kwargs")
+REENTRANT = ("the reentrant checkpoint ran: your kwargs replaced Transformers' "
+             "{'use_reentrant': False}. Hint: put \"use_reentrant\": False in them")
+OLD_NAME = ("gradient_checkpointing_enable is the deprecated name. Hint: "
+            "activation_checkpointing_enable(activation_checkpointing_kwargs=...)")
 BOTH = {"use_reentrant": False, "preserve_rng_state": False}
 SWITCH = Exercise(
-    "1.2", measure=switch_run, configs=(0, 1), name="switch_on_checkpointing",
+    "1.2", measure=switch_run, configs=(4, 2), name="switch_on_checkpointing",
     intended=switch_with(activation_checkpointing_kwargs=BOTH),
     mistakes=[
         (f"two things to fix: {OLD_NAME}; and {REENTRANT}.", switch_with(
@@ -204,41 +176,26 @@ SWITCH = Exercise(
                                      gradient_checkpointing_kwargs=BOTH)),
         (f"{REENTRANT}.", switch_with(activation_checkpointing_kwargs={
             "preserve_rng_state": False})),
-        ("backward replayed the forward's random numbers: checkpoint copied the "
-         "random-number state to replay it when it recomputes a layer. Hint: "
-         "preserve_rng_state is True unless you pass \"preserve_rng_state\": False "
-         "in activation_checkpointing_kwargs.",
+        ("backward replayed the forward's random numbers. Hint: pass "
+         "\"preserve_rng_state\": False in activation_checkpointing_kwargs.",
          switch_with(activation_checkpointing_kwargs={"use_reentrant": False})),
-        ("more stayed for backward than with every layer checkpointed. Hint: the "
-         "exercise asks for every layer: every_n_layers must stay 1 (its default; "
-         "every_n_layers=2 checkpoints only every second layer).",
+        ("more stayed than with every layer checkpointed: every_n_layers=2 skips "
+         "every second layer. Hint: leave every_n_layers at 1.",
          switch_with(activation_checkpointing_kwargs=BOTH, every_n_layers=2)),
-        ("Transformers checkpoints the layers whose index is a multiple of "
-         "every_n_layers, so it must be at least 1; every layer is every_n_layers=1, "
-         "its default.", switch_with(activation_checkpointing_kwargs=BOTH,
-                                     every_n_layers=0)),
-        ("nothing changed: no layer was checkpointed (setting an attribute, on the "
-         "model or its config, switches nothing on). Hint: call the model's method "
-         "that enables it, model.activation_checkpointing_enable(...).",
-         set_an_attribute),
-        ("nothing changed: switch_on_checkpointing returned a generator, so its body "
-         "never ran (a function with yield in it runs only when something iterates "
-         "over what it returns). Hint: remove the yield; call the switch directly.",
-         switch_in_a_generator)],
-    error_hints=[("pin_memory", "the colleague asked for no offload: leave offload at "
-                  "False, its default (offload=True copies what checkpoint keeps to "
-                  "pinned host memory, which this torch build cannot pin).")],
-    describe=lambda got, expected, seed: (
-        f"{got['kept_KiB']} KiB kept for backward, against {expected['kept_KiB']} KiB "
-        "with every layer checkpointed, and torch.autograd.grad: "
-        f"{got['autograd.grad']}. Hint: call model.activation_checkpointing_enable("
-        "...) on the model you are given, with both options in its kwargs, and change "
-        "nothing else."),
-    correct=lambda got, seed: (
-        f"every layer checkpointed: {got['kept_KiB']} KiB kept for backward, "
-        "torch.autograd.grad gives the same gradients, and with dropout switched on, "
-        "backward drew new masks instead of replaying the forward's: the random-number "
-        "state was not copied. Safe here only because the model has no dropout."))
+        ("every_n_layers must be at least 1 (Transformers checkpoints the layers whose "
+         "index it divides). Hint: leave it at 1.",
+         switch_with(activation_checkpointing_kwargs=BOTH, every_n_layers=0)),
+        ("no layer was checkpointed: setting an attribute switches nothing on. Hint: "
+         "call model.activation_checkpointing_enable(...).", set_an_attribute),
+        ("nothing changed: a function with yield returns a generator and never runs "
+         "its body. Hint: remove the yield.", switch_in_a_generator)],
+    error_hints=[("pin_memory", "leave offload=False, as the colleague asked (this "
+                  "torch build cannot pin host memory).")],
+    describe="call model.activation_checkpointing_enable(...) with both options in its "
+    "kwargs, and change nothing else.", label="batches of {}",
+    correct="every layer checkpointed: {kept_KiB} KiB kept for backward, the same "
+    "gradients through torch.autograd.grad, and with dropout on, backward drew new "
+    "masks: the random-number state was not copied (safe: the model has no dropout).")
 
 
 @checker(SWITCH)
@@ -358,38 +315,22 @@ POLICY = Exercise(
     "1.3", measure=policy_run, intended=keep_gate_and_up, configs=(128, 32),
     name="keep_what_backward_reads", same=close(rel=1e-3),
     mistakes=[
-        ("down_proj's output stayed for backward too, and no backward reads it (the "
-         "residual add after it saves nothing). Hint: save only the addmm outputs "
-         "that backward reads: ctx.op_output tells gate and up from down_proj by "
-         "shape.", policy_saving(ADDMM)),
-        ("your policy saved no tensor, so backward ran gate's and up's matmuls again: "
-         "silu's backward reads gate and mul's reads up. Hint: a Linear runs as "
-         "torch.ops.aten.addmm.default (compare op with it, not with torch.addmm).",
+        ("down_proj's output stayed too, and no backward reads it. Hint: ctx.op_output"
+         "'s shape tells gate and up from down_proj.", policy_saving(ADDMM)),
+        ("nothing was saved, so gate's and up's matmuls ran again. Hint: a Linear runs "
+         "as torch.ops.aten.addmm.default, not torch.addmm.",
          policy_saving(torch.addmm)),
-        ("your policy offloaded the matmuls' outputs: outside torch.compile, selective "
-         "checkpointing stores only what a policy marks MUST_SAVE or PREFER_SAVE, and "
-         "recomputes everything else, offload included. Hint: return MUST_SAVE.",
-         policy_saving(ADDMM, how=CheckpointPolicy.MUST_CPU_OFFLOAD)),
-        ("saving silu(gate) and silu(gate) * up, computed from gate and up, does not "
-         "replace them: silu's and mul's backward still read gate and up, so their "
-         "matmuls ran again. Hint: save gate and up.", policy_saving(SILU, MUL)),
-        ("your policy decided differently each time the block ran forward: it keeps "
-         "something between calls (a flag or a counter never reset?), but PyTorch "
-         "calls it for every op of every forward. Hint: decide from op and "
-         "ctx.op_output alone.",
-         policy_with_a_toggle())],
-    describe=lambda got, expected, rows: (
-        (f"with {rows} rows your policy saved {listed(got['saved']) or 'nothing'}: "
-         if isinstance(got["saved"], tuple) else f"your policy saved {got['saved']}: ")
-        + f"{got.get('kept_KiB', 0):.0f} KiB kept and {got.get('matmuls again')} "
-        f"matmuls run again in backward, against {expected['kept_KiB']:.0f} KiB and "
-        "none for gate and up. Hint: save exactly what some backward reads among the "
-        "matmuls' outputs."),
-    correct=lambda got, rows: (
-        f"{got['kept_KiB']:.0f} KiB kept for backward (gate and up), no matmul run "
-        "again in backward, and identical gradients, with 128 and 32 rows. "
-        "down_proj's output need not be kept: early stop ends the recomputation "
-        "before down_proj runs, as soon as it has saved its input."))
+        ("outside torch.compile, an offloaded tensor is recomputed, not stored. Hint: "
+         "return MUST_SAVE.", policy_saving(ADDMM, how=CheckpointPolicy.MUST_CPU_OFFLOAD
+                                            )),
+        ("silu's and mul's backward still read gate and up, so their matmuls ran "
+         "again. Hint: save gate and up.", policy_saving(SILU, MUL)),
+        ("your policy decided differently each forward (a flag never reset?). Hint: "
+         "decide from op and ctx.op_output alone.", policy_with_a_toggle())],
+    describe="save exactly the matmul outputs that some backward reads.",
+    label="{} rows", correct="{kept_KiB:.0f} KiB kept (gate and up), no matmul run "
+    "again, identical gradients, with 128 and 32 rows. down_proj's output need not "
+    "stay: early stop ends the recomputation before down_proj runs.")
 
 
 @checker(POLICY)
@@ -413,25 +354,25 @@ def balanced_sizes(n_blocks, segments):
     return [shorter] * (segments - longer) + [shorter + 1] * longer
 
 
-def every_segment_checkpointed(blocks, h, segments):
+def every_segment_checkpointed(blocks, h, segments, use_reentrant=False):
     """The intended answer of 1.4. Of the balanced orders, longest last peaks highest
     (backward recomputes the last segment first, while every other input is alive)."""
     start = 0
     for size in balanced_sizes(len(blocks), segments):
-        h = checkpoint(run_blocks, blocks[start:start + size], h, use_reentrant=False)
+        h = checkpoint(run_blocks, blocks[start:start + size], h,
+                       use_reentrant=use_reentrant)
         start += size
     return h
 
 
 def recomputed_regions(recomputed):
     """The lengths of the runs of consecutive blocks recomputed together, sorted."""
-    regions = []
-    for index in recomputed:
-        if regions and index == regions[-1][-1] + 1:
-            regions[-1].append(index)
-        else:
-            regions.append([index])
-    return tuple(sorted(len(region) for region in regions))
+    # within a run of consecutive blocks, index - position stays the same
+    return tuple(sorted(len(list(run)) for _, run in itertools.groupby(
+        enumerate(recomputed), lambda pair: pair[1] - pair[0])))
+
+
+OUTPUT = "the output of the blocks run in order"
 
 
 def stack_run(forward, case):
@@ -448,9 +389,9 @@ def stack_run(forward, case):
         raise Wrong("checkpointed_forward should return the last block's output, a "
                     f"tensor of shape {tuple(expected.shape)}, but returned "
                     f"{type(output).__name__}.")
-    outcome = {"output": torch.allclose(output.detach(), expected, atol=1e-5),
+    outcome = {OUTPUT: torch.allclose(output.detach(), expected, atol=1e-5),
                "output requires grad": output.requires_grad, "warned": bool(warned)}
-    if not output.requires_grad or not outcome["output"]:
+    if not output.requires_grad or not outcome[OUTPUT]:
         return outcome
     recomputed, in_backward = [], [False]
     hooks = [block.register_forward_pre_hook(
@@ -517,14 +458,6 @@ def late_binding(blocks, h, segments):
     return h
 
 
-def without_use_reentrant(blocks, h, segments):
-    start = 0
-    for size in balanced_sizes(len(blocks), segments):
-        h = checkpoint(run_blocks, blocks[start:start + size], h)
-        start += size
-    return h
-
-
 def nested(blocks, h, segments):
     return checkpoint(every_segment_checkpointed, blocks, h, segments,
                       use_reentrant=False)
@@ -538,49 +471,30 @@ SEGMENTS = Exercise(
     "1.4", measure=stack_run, intended=every_segment_checkpointed,
     configs=((8, 4), (7, 3), (6, 4)), name="checkpointed_forward", same=same_stack,
     mistakes=[
-        ("the last segment ran outside any checkpoint and kept its blocks' insides "
-         "(gate, up, silu...) for backward: checkpoint_sequential leaves its last "
-         "segment without a checkpoint (its loop wraps segments - 1 of them). Hint: "
-         "wrap every segment yourself.", with_checkpoint_sequential),
-        ("pieces of ceil(blocks / segments) blocks are not balanced: they leave the "
-         "last piece short, and for some numbers of blocks make too few segments (6 "
-         "blocks in pieces of 2 make 3, not 4). Hint: lengths that differ by at most "
-         "one, e.g. divmod(len(blocks), segments).",
+        ("checkpoint_sequential leaves its last segment without a checkpoint, so its "
+         "blocks kept their insides. Hint: wrap every segment yourself.",
+         with_checkpoint_sequential),
+        ("pieces of ceil(blocks / segments) are not balanced (6 blocks in pieces of 2 "
+         "make 3 segments, not 4). Hint: divmod(len(blocks), segments).",
          by_pieces_of(lambda n, s: math.ceil(n / s))),
-        ("pieces of blocks // segments make more segments than asked where the blocks "
-         "do not divide evenly (7 blocks in pieces of 2 make 4), and each region keeps "
-         "its input. Hint: give the blocks left over one each to some segments.",
+        ("pieces of blocks // segments make too many segments where the blocks do not "
+         "divide evenly. Hint: give the blocks left over one each to some segments.",
          by_pieces_of(lambda n, s: n // s)),
-        ("a checkpoint must recompute exactly what it ran in forward. A lambda made "
-         "inside the loop reads the loop's variables when backward calls it, after "
-         "the loop has moved on. Hint: pass the segment as an argument, "
-         "checkpoint(run, blocks[start:end], h, use_reentrant=False).", late_binding),
-        ("its output does not require a gradient: without use_reentrant=False, "
-         "checkpoint takes the old reentrant path, which needs an input that requires "
-         "grad, and h does not (PyTorch warned). Hint: pass use_reentrant=False.",
-         without_use_reentrant),
-        ("backward recomputed the blocks twice: a checkpoint inside another "
-         "checkpoint's region runs again when the outer one is recomputed. Hint: one "
-         "checkpoint per segment, none inside it and none around them all.", nested),
-        ("its output does not require a gradient, so the blocks' weights cannot "
-         "learn: did you return output.detach() (or .data)? Hint: return the last "
-         "segment's output as checkpoint gives it.", detached)],
-    describe=lambda got, expected, case: (
-        f"with {case[0]} blocks and segments={case[1]}: " + (
-            "its output differs from running the blocks one after the other. Hint: "
-            "every block must run exactly once, in order, each on the previous one's "
-            "output." if not got["output"] else
-            f"{got.get('kept_KiB', 0):.0f} KiB kept and a peak of "
-            f"{got.get('peak_KiB', 0):.0f} KiB, regions of "
-            f"{listed(got.get('recomputed together', ())) or 'no'} blocks recomputed "
-            f"together, against {expected['kept_KiB']:.0f} KiB, "
-            f"{expected['peak_KiB']:.0f} KiB and "
-            f"{listed(expected['recomputed together'])} blocks. Hint: every block in "
-            "one of the segments, each segment in its own checkpoint.")),
-    correct=lambda got, case: (
-        f"with 8 blocks in 4 segments, as with 7 in 3 and 6 in 4: {got['kept_KiB']:.0f}"
-        f" KiB kept for backward and a peak of {got['peak_KiB']:.0f} KiB, each block "
-        "recomputed once, and identical gradients."))
+        ("a lambda made in the loop reads start and end when backward calls it, after "
+         "the loop moved on. Hint: checkpoint(run, blocks[start:end], h, ...).",
+         late_binding),
+        ("without use_reentrant=False, checkpoint takes the reentrant path, and its "
+         "output needs no gradient (PyTorch warned). Hint: use_reentrant=False.",
+         # use_reentrant=None: as if the learner left it out
+         partial(every_segment_checkpointed, use_reentrant=None)),
+        ("a checkpoint inside another one's region ran twice in backward. Hint: one "
+         "checkpoint per segment, none around them all.", nested),
+        ("its output does not require a gradient: no .detach() or .data on it. Hint: "
+         "return the output checkpoint gives.", detached)],
+    describe="every block once, in order, in one of the segments, each segment in "
+    "its own checkpoint.", label="{} blocks in {} segments",
+    correct="8 blocks in 4 segments, as 7 in 3 and 6 in 4: {kept_KiB:.0f} KiB kept and "
+    "a peak of {peak_KiB:.0f} KiB, each block recomputed once, identical gradients.")
 
 
 @checker(SEGMENTS)

@@ -3,7 +3,6 @@ practice core: the dtypes autocast ran, a Trainer step and an Accelerator's forw
 pass, bytes held after a real step, the weights after a real float16 loop."""
 import functools
 import math
-import tempfile
 import textwrap
 
 import torch
@@ -19,8 +18,9 @@ from helpers.practice.core import (
     checker,
     close,
     learner,
-    listed,
+    returned,
 )
+from helpers.practice.fixtures import args_with
 
 # --- 5.1: which operations run in bfloat16 ----------------------------------------
 
@@ -50,19 +50,15 @@ AUTOCAST_DTYPES = {"embedding": "float32", "addmm": "bfloat16", "gelu": "bfloat1
                    "mse_loss": "float32"}
 # operation -> why it runs in the dtype it runs in, under CPU autocast to bfloat16
 WHY_5_1 = {
-    "embedding": "embedding is on no autocast list, and its weight is float32: it "
-                 "stays float32",
-    "addmm": "a Linear layer is exactly what autocast runs in bfloat16 (linear and "
-             "addmm are on its lower-precision list)",
-    "gelu": "gelu is on no autocast list: it runs in the dtype of its input, the "
-            "bfloat16 output of a Linear",
-    "native_layer_norm": "CPU autocast puts layer norm on no list, so it follows its "
-                         "input: here gelu's bfloat16 output. In DistilBERT it stayed "
-                         "float32 only because its input was the float32 residual sum",
-    "_softmax": "softmax is on no CPU autocast list: it follows its input, the "
-                "bfloat16 output of a Linear",
-    "mse_loss": "losses are on the CPU's float32 list: autocast casts their inputs up "
-                "to float32 first",
+    "embedding": "it is on no autocast list, and its weight is float32",
+    "addmm": "a Linear's matmul is on autocast's lower-precision list",
+    "gelu": "it is on no autocast list: it follows its input, a Linear's bfloat16 "
+            "output",
+    "native_layer_norm": "on the CPU it is on no list: it follows its input, gelu's "
+                         "bfloat16 output (in DistilBERT, a float32 residual sum)",
+    "_softmax": "it is on no CPU autocast list: it follows its input, a Linear's "
+                "bfloat16 output",
+    "mse_loss": "losses are on the CPU's float32 list: their inputs are cast up",
 }
 
 
@@ -132,35 +128,21 @@ def bf16_setups_run(answer, config):
     """(matmul dtypes, loss) of one Trainer step with the learner's arguments and of
     one forward pass of a model their Accelerator prepared (with the logits' dtype)."""
     from accelerate import Accelerator
-    from transformers import TrainingArguments
 
     make_training_args, make_accelerator = answer
-    with tempfile.TemporaryDirectory() as folder, fixtures.fresh_accelerate_state():
-        args = learner(make_training_args, folder)
-    if not isinstance(args, TrainingArguments):
-        raise Wrong("make_training_args should return TrainingArguments(...), but "
-                    f"returned {type(args).__name__}.")
+    fixtures.learners_arguments(make_training_args)  # a form problem, said first
     with DtypeCounter() as counter:
         trainer = learner(fixtures.trainer_run, 8, 8, make_args=make_training_args)
-    loss = next(e["loss"] for e in trainer.state.log_history if "loss" in e)
-    batch = fixtures.fixed_batches(8, 1)[0]
+    loss, batch = fixtures.logged_losses(trainer)[0], fixtures.fixed_batches(8, 1)[0]
     with fixtures.fresh_accelerate_state():
-        accelerator = learner(make_accelerator)
-        if not isinstance(accelerator, Accelerator):
-            raise Wrong("make_accelerator should return Accelerator(...), but returned "
-                        f"{type(accelerator).__name__}.")
+        accelerator = returned(learner(make_accelerator), Accelerator,
+                               "make_accelerator")
         model = learner(accelerator.prepare, fixtures.tiny_model())
         with DtypeCounter() as forward, torch.no_grad():
             outputs = model(**batch)
     return {"trainer": (matmul_dtypes(counter), loss),
             "accelerator": (matmul_dtypes(forward), dtype_name(outputs.logits.dtype),
                             outputs.loss.item())}
-
-
-def args_with(**settings):  # make_training_args as a learner writes it
-    from transformers import TrainingArguments
-
-    return lambda folder: TrainingArguments(folder, report_to="none", **settings)
 
 
 def accelerator_with(**settings):  # make_accelerator as a learner writes it
@@ -172,14 +154,6 @@ def accelerator_with(**settings):  # make_accelerator as a learner writes it
 SAME_RUN = close(rel=1e-5)  # the same computation; a float32 one differs by ~1e-3
 
 
-def describe_setups(got, expected, config):
-    ran = [f"the {part}'s matrix multiplies ran in {listed(got[part][0])}, loss "
-           f"{got[part][-1]:.4f} (bf16: bfloat16, loss {expected[part][-1]:.4f})"
-           for part in expected if not SAME_RUN(got[part], expected[part])]
-    return ("; ".join(ran) + '. Hint: bf16=True and Accelerator(mixed_precision="bf16")'
-            ", and nothing else that changes the computation.")
-
-
 BF16_ARGS = args_with(bf16=True, use_cpu=fixtures.ON_CPU)
 BF16_ACCELERATOR = accelerator_with(mixed_precision="bf16")
 BF16_SETUPS = Exercise(
@@ -187,24 +161,20 @@ BF16_SETUPS = Exercise(
     intended=(BF16_ARGS, BF16_ACCELERATOR),
     name="make_training_args and make_accelerator", same=SAME_RUN,
     mistakes=[
-        ("Trainer trained in float32: no matrix multiply ran in bfloat16 (on a CPU, "
-         "fp16=True does the same: Accelerate 1.x runs float16 autocast and its "
-         "GradScaler only off the CPU). Hint: TrainingArguments(..., bf16=True).",
+        ("Trainer trained in float32 (on a CPU, so does fp16=True). Hint: "
+         "TrainingArguments(..., bf16=True).",
          (args_with(use_cpu=fixtures.ON_CPU), BF16_ACCELERATOR)),
-        ("the Accelerator's model ran in float32: no matrix multiply in bfloat16 (on a "
-         'CPU, mixed_precision="fp16" does the same). Hint: '
+        ("the Accelerator's model ran in float32 (on a CPU, so does \"fp16\"). Hint: "
          'Accelerator(mixed_precision="bf16").', (BF16_ARGS, accelerator_with())),
-        ('Accelerate names it mixed_precision="bf16" (one of "no", "fp16", "bf16", '
-         '"fp8").', (BF16_ARGS, accelerator_with(mixed_precision="bfloat16"))),
-        *[("on a machine without a bfloat16 GPU, TrainingArguments needs "
-           "use_cpu=True beside bf16=True.", (args_with(bf16=True), BF16_ACCELERATOR))
-          ] * fixtures.ON_CPU],
-    describe=describe_setups,
-    correct=lambda got, config: (
-        "Trainer ran its matrix multiplies in bfloat16 and logged the loss that "
-        "bf16=True gives; the Accelerator's model gave the loss of "
-        'mixed_precision="bf16", with its logits converted back to float32 '
-        "(convert_outputs_to_fp32)."))
+        ('Accelerate names it mixed_precision="bf16".',
+         (BF16_ARGS, accelerator_with(mixed_precision="bfloat16"))),
+        *[("without a bfloat16 GPU, TrainingArguments needs use_cpu=True beside "
+           "bf16=True.", (args_with(bf16=True), BF16_ACCELERATOR))] * fixtures.ON_CPU],
+    describe='bf16=True and Accelerator(mixed_precision="bf16"), nothing else that '
+    "changes the computation.",
+    correct="Trainer ran its matrix multiplies in bfloat16, with bf16=True's loss; the "
+    "Accelerator's model gave mixed_precision=\"bf16\"'s loss, its logits converted "
+    "back to float32 (convert_outputs_to_fp32).")
 
 
 @checker(BF16_SETUPS)
@@ -250,30 +220,22 @@ def measured_recipes():
 BYTES_NAMES = ("pure_bf16_adamw_bytes", "accelerate_bf16_sgd_bytes")
 RIGHT_BYTES = (2 + 2 + 2 + 2, 4 + 4 + 4)  # the intended answer, as a learner counts
 WRONG_BYTES = [  # (which answer, a wrong count, what it counted)
-    (0, 4 + 4 + 8, "that is float32 training's 4 + 4 + 8. Here the model itself is "
-     "bfloat16: 2-byte weights and gradients, and torch's AdamW keeps its two moments "
-     "in each parameter's dtype."),
-    (0, 6 + 8 + 4, "that is ML Engineering's 6 + 8 + 4, for autocast with float32 "
-     "master weights. Here nothing is float32: the model was converted with "
-     ".to(torch.bfloat16)."),
-    (0, 2 + 2 + 8, "that counts AdamW's two moments as float32 (8 bytes); torch's "
-     "AdamW makes them like the parameter (zeros_like), so in bfloat16: 2 + 2."),
-    (0, 2 + 2 + 2, "that leaves out the gradient: backward leaves a 2-byte bfloat16 "
-     "gradient beside every weight."),
-    (0, 2 + 2, "that counts weights and gradients only; AdamW keeps two moments per "
-     "parameter as well."),
-    (1, 4 + 4 + 8, "that is AdamW's state (8 bytes); SGD with momentum keeps one "
-     "buffer per parameter, 4 bytes in float32."),
-    (1, 4 + 4, "that leaves out the momentum buffer: SGD with momentum keeps one "
-     "float32 buffer per parameter."),
-    (1, 2 + 4 + 4, "that counts a 2-byte bfloat16 weight or gradient; Accelerate's "
-     "bf16 keeps weights, gradients and momentum in float32: its bfloat16 copies exist "
-     "only during forward and backward."),
-    (1, 4 + 2 + 4 + 4, "that adds a 2-byte half-precision copy of every weight, as ML "
-     "Engineering's 6 bytes do; Accelerate's autocast makes its copies during forward "
-     "and backward only, not between steps."),
-    (1, 6 + 8 + 4, "that is ML Engineering's AdamW formula; here the optimizer is SGD "
-     "with momentum, and Accelerate keeps no bfloat16 copy between steps."),
+    (0, 4 + 4 + 8, "that is float32 training's 4 + 4 + 8; here the model is "
+     "bfloat16, and AdamW's moments take the parameter's dtype."),
+    (0, 6 + 8 + 4, "that is ML Engineering's 6 + 8 + 4, with float32 master weights; "
+     "here nothing is float32 (.to(torch.bfloat16))."),
+    (0, 2 + 2 + 8, "AdamW's two moments are zeros_like(param): bfloat16, 2 + 2."),
+    (0, 2 + 2 + 2, "that leaves out the 2-byte bfloat16 gradient of each weight."),
+    (0, 2 + 2, "AdamW keeps two moments per parameter besides weight and gradient."),
+    (1, 4 + 4 + 8, "that is AdamW's state; SGD with momentum keeps one float32 "
+     "buffer, 4 bytes."),
+    (1, 4 + 4, "that leaves out SGD's float32 momentum buffer."),
+    (1, 2 + 4 + 4, "Accelerate's bf16 keeps weights, gradients and momentum in "
+     "float32; its bfloat16 copies live only in forward and backward."),
+    (1, 4 + 2 + 4 + 4, "Accelerate's autocast keeps no half-precision copy between "
+     "steps (ML Engineering's 6 bytes do)."),
+    (1, 6 + 8 + 4, "that is ML Engineering's AdamW formula; here: SGD with momentum, "
+     "no bfloat16 copy between steps."),
 ]
 
 
@@ -289,9 +251,8 @@ def describe_bytes(got, expected, config):
     whys = {(which, wrong): why for which, wrong, why in WRONG_BYTES}
     return " ".join(
         f"{BYTES_NAMES[which]} = {number:g}, but a real step held {held:.3f} bytes per "
-        "parameter. Hint: " + whys.get((which, number), "count the bytes of a weight, "
-                                       "its gradient and the optimizer's state, in the "
-                                       "dtypes the recipe keeps.")
+        "parameter. Hint: " + whys.get((which, number), "add a weight's bytes, its "
+                                       "gradient's and the optimizer's state's.")
         for which, (number, held) in enumerate(zip(got, measured_recipes()))
         if number != "as measured")
 
@@ -303,10 +264,10 @@ BYTES = Exercise(
                tuple(wrong if i == which else right for i, right in enumerate(
                    RIGHT_BYTES))) for which, wrong, why in WRONG_BYTES],
     correct=lambda got, config: (
-        "one real step of each held {:.3f} and {:.3f} bytes per parameter (AdamW's "
-        "step counters are the last digits). A bfloat16 model halves parameter memory, "
-        "but loses small updates (lesson 5); Accelerate's bf16 keeps float32's bytes."
-    ).format(*measured_recipes()))
+        "real steps held {:.3f} and {:.3f} bytes per parameter (the last digits: "
+        "AdamW's step counters). A bfloat16 model halves the memory but loses small "
+        "updates; Accelerate's bf16 keeps float32's bytes.").format(
+            *measured_recipes()))
 
 
 @checker(BYTES)
@@ -384,55 +345,50 @@ def same_training(got, expected):
 
 def describe_float16(got, expected, max_grad_norm):
     if got["update"].isnan().any():
-        return ("some weights are NaN: a step ran on gradients that overflowed. Hint: "
-                "step only with scaler.step(optimizer), which skips such steps.")
-    return (f"with max_grad_norm={max_grad_norm} the optimizer stepped {got['steps']} "
-            f"times (the intended loop: {expected['steps']}) and the weights moved "
-            "differently. Hint: per batch, scaler.scale(loss).backward(), "
-            "scaler.unscale_(optimizer), clip_grad_norm_, scaler.step(optimizer), "
-            "scaler.update(), optimizer.zero_grad().")
+        return ("some weights are NaN: a step ran on overflowed gradients. Hint: step "
+                "only with scaler.step(optimizer), which skips such steps.")
+    return (f"with max_grad_norm={max_grad_norm}, {got['steps']} optimizer steps (the "
+            f"intended loop: {expected['steps']}), other weights. Hint: per batch, "
+            "scale(loss).backward(), unscale_, clip_grad_norm_, scaler.step, "
+            "scaler.update(), zero_grad().")
 
 
 FLOAT16_LOOP = Exercise(
     "5.4", measure=float16_run, intended=intended_float16_loop, configs=(1.0, 0.25),
     name="train_float16", same=same_training, describe=describe_float16,
     mistakes=[
-        ("you clipped the scaled gradients: their norm is the true norm times the "
-         "scale, so clipping shrank them far below max_grad_norm. Hint: "
+        ("you clipped the scaled gradients, far below max_grad_norm. Hint: "
          "scaler.unscale_(optimizer) before clip_grad_norm_.",
          intended_but("scaler.unscale_(optimizer)")),
-        ("the gradients were never clipped to max_grad_norm. Hint: after "
-         "scaler.unscale_(optimizer), torch.nn.utils.clip_grad_norm_("
-         "model.parameters(), max_grad_norm).", intended_but("torch.nn.utils.clip")),
-        ("you clipped at 1.0, not at max_grad_norm: with max_grad_norm=0.25 the "
-         "gradients stayed up to 4 times too large. Hint: clip_grad_norm_(..., "
-         "max_grad_norm).", intended_but("max_grad_norm)", "1.0)")),
-        ("clip_grad_value_ clips each gradient element to +-max_grad_norm; Trainer "
-         "scales all gradients together, so that their norm is at most max_grad_norm."
-         " Hint: torch.nn.utils.clip_grad_norm_.", intended_but("norm_(", "value_(")),
-        ("the scaler never scaled a loss, so it has nothing to unscale. Hint: "
-         "scaler.scale(loss).backward().", intended_but("scaler.scale(loss)", "loss")),
+        ("the gradients were never clipped. Hint: after unscale_, torch.nn.utils."
+         "clip_grad_norm_(model.parameters(), max_grad_norm).",
+         intended_but("torch.nn.utils.clip")),
+        ("you clipped at 1.0, not at max_grad_norm (0.25 here). Hint: "
+         "clip_grad_norm_(..., max_grad_norm).",
+         intended_but("max_grad_norm)", "1.0)")),
+        ("clip_grad_value_ clips each element; Trainer clips the norm of all "
+         "gradients together. Hint: clip_grad_norm_.",
+         intended_but("norm_(", "value_(")),
+        ("the scaler never scaled a loss. Hint: scaler.scale(loss).backward().",
+         intended_but("scaler.scale(loss)", "loss")),
         ("scaler.unscale_(optimizer) ran after a scaler.step(optimizer) with no "
          "scaler.update() between them. Hint: every batch, in this order: unscale_, "
          "clip, scaler.step(optimizer), scaler.update().",
          intended_but("scaler.update()")),
-        ("scaler.update() found no scaler.step(optimizer) since the last update: "
-         "scaler.step records whether the gradients overflowed, and update reads it. "
-         "Hint: every batch, scaler.step(optimizer) (not optimizer.step()), then one "
-         "scaler.update().", float16_loop("scaler.scale(loss).backward()\n"
-                                          "optimizer.step()\nscaler.update()\n")),
-        ("your optimizer.step() stepped on gradients that had overflowed, so the "
-         "weights are NaN: scaler.step(optimizer) skips such steps. Hint: "
-         "scaler.step(optimizer) instead of optimizer.step().",
+        ("scaler.update() found no scaler.step(optimizer) since the last update. Hint: "
+         "scaler.step(optimizer), not optimizer.step(), then scaler.update().",
+         float16_loop("scaler.scale(loss).backward()\noptimizer.step()\n"
+                      "scaler.update()\n")),
+        ("optimizer.step() stepped on overflowed gradients: the weights are NaN. "
+         "Hint: scaler.step(optimizer) skips such steps.",
          intended_but("scaler.step(optimizer)", "optimizer.step()")),
-        ("the gradients of each step were added to the previous ones. Hint: "
+        ("each step's gradients were added to the previous ones. Hint: "
          "optimizer.zero_grad() after each step.", intended_but("zero_grad"))],
     error_hints=[("unscale_() has already been called", "call scaler.unscale_("
                   "optimizer) once per step, before clipping.")],
-    correct=lambda got, max_grad_norm: (
-        "the first steps overflowed and were skipped while the scale fell from "
-        f"2^{round(math.log2(INIT_SCALE))}; the others trained on clipped gradients, "
-        "and the weights match the intended loop's, with max_grad_norm 1.0 and 0.25."))
+    correct=f"the first steps overflowed and were skipped while the scale fell from 2^"
+    f"{round(math.log2(INIT_SCALE))}; the others trained on clipped gradients, as the "
+    "intended loop did, with max_grad_norm 1.0 and 0.25.")
 
 
 @checker(FLOAT16_LOOP)

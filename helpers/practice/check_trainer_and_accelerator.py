@@ -5,7 +5,7 @@ the layers recomputed in backward, the losses Trainer logged, the weights afterw
 """
 import collections
 import functools
-import tempfile
+import inspect
 
 import torch
 import torch.nn.functional as F
@@ -15,14 +15,16 @@ from helpers.models import flat_parameters
 from helpers.practice import core
 from helpers.practice.fixtures import (
     ON_CPU,
+    args_with,
+    fixed_batches,
     fresh_accelerate_state,
+    learners_arguments,
     logged_losses,
     tiny_model,
     trainer_run,
     training_examples,
 )
 from helpers.random_state import global_random_state_kept
-from helpers.trainer_losses import first_logged_losses
 
 WEIGHTS_TOLERANCE = 1e-5 if ON_CPU else 1e-4  # float32 rounding in a step or two
 
@@ -36,14 +38,8 @@ def measure_arguments(make_training_args, config):
     """The learner's TrainingArguments: their evaluation strategy, whether they were
     given the deprecated name, and what one Trainer step with their batch and
     checkpointing settings did (``trained``)."""
-    from transformers import TrainingArguments
-
-    with (core.explaining_warnings(OLD_NAME) as warnings,
-          tempfile.TemporaryDirectory() as folder):
-        args = core.learner(make_training_args, folder)
-    if not isinstance(args, TrainingArguments):
-        raise core.Wrong("make_training_args should return TrainingArguments(...), but "
-                         f"returned {type(args).__name__}.")
+    with core.explaining_warnings(OLD_NAME) as warnings:
+        args = learners_arguments(make_training_args)
     micro_batch, accumulation = (args.per_device_train_batch_size,
                                  args.gradient_accumulation_steps)
     if micro_batch * accumulation > 512:  # too many to train here, and wrong anyway
@@ -82,57 +78,41 @@ def trained(micro_batch, accumulation, checkpointing, checkpointing_kwargs):
 
 def arguments(**changed):
     """A learner's make_training_args: the intended settings, ``changed``."""
-    from transformers import TrainingArguments
-
-    settings = {**dict(eval_strategy="epoch", per_device_train_batch_size=8,
-                       gradient_accumulation_steps=8, activation_checkpointing=True,
-                       report_to="none"), **changed}
-    return lambda output_dir: TrainingArguments(output_dir=output_dir, **settings)
-
-
-def describe_arguments(got, expected, config):
-    return (f"one optimizer step learned from {sum(got['micro-batches'])} examples in "
-            f"micro-batches of {core.listed(sorted(set(got['micro-batches'])))}, each "
-            f"layer ran {core.listed(got['runs per micro-batch'])} times per "
-            f"micro-batch, and eval_strategy is {got['eval_strategy']!r}. Hint: 64 "
-            'examples per step, 8 at a time, every layer recomputed, eval "epoch".')
+    return args_with(**{**dict(eval_strategy="epoch", per_device_train_batch_size=8,
+                               gradient_accumulation_steps=8,
+                               activation_checkpointing=True), **changed})
 
 
 TRAINING_ARGUMENTS = core.Exercise(
     "2.1", measure_arguments, arguments(), name="make_training_args",
     mistakes=[
-        ("each forward pass took 16 examples at once (the lesson's settings), but the "
-         "GPU fits only 8: per_device_train_batch_size=8, and accumulate 8 of them.",
+        ("each forward pass took 16 examples, but the GPU fits 8: "
+         "per_device_train_batch_size=8, 8 of them accumulated.",
          arguments(per_device_train_batch_size=16, gradient_accumulation_steps=4)),
-        ("one optimizer step learned from 32 examples, 4 micro-batches of 8, not 64: "
-         "gradient_accumulation_steps counts the micro-batches of one step.",
+        ("a step learned from 4 micro-batches of 8, not 64 examples: "
+         "gradient_accumulation_steps counts a step's micro-batches.",
          arguments(gradient_accumulation_steps=4)),
-        ("one micro-batch of 64 examples is exactly what does not fit: accumulate 8 "
-         "micro-batches of 8 instead.",
+        ("a micro-batch of 64 is what does not fit: accumulate 8 micro-batches of 8.",
          arguments(per_device_train_batch_size=64, gradient_accumulation_steps=1)),
-        ("no layer was recomputed in backward: activation checkpointing is off "
-         "(activation_checkpointing=True).", arguments(activation_checkpointing=False)),
-        ("only 1 of the model's 2 layers was recomputed: every_n_layers=2 leaves the "
-         "other out, and the exercise asks for every layer.", arguments(
-             activation_checkpointing_kwargs={"every_n_layers": 2,
-                                              "use_reentrant": False})),
-        ("gradient_checkpointing is the deprecated name (Transformers v6 removes it): "
-         "use today's, activation_checkpointing.", arguments(
-             activation_checkpointing=None, gradient_checkpointing=True)),
+        ("no layer was recomputed in backward: activation_checkpointing=True.",
+         arguments(activation_checkpointing=False)),
+        ("every_n_layers=2 left one of the 2 layers out: the exercise asks for every "
+         "layer.", arguments(activation_checkpointing_kwargs={
+             "every_n_layers": 2, "use_reentrant": False})),
+        ("gradient_checkpointing is the deprecated name: use activation_checkpointing.",
+         arguments(activation_checkpointing=None, gradient_checkpointing=True)),
         ('evaluation should run every epoch: eval_strategy="epoch".',
          arguments(eval_strategy="no"))],
     error_hints=[
-        ("evaluation_strategy", "Transformers renamed evaluation_strategy to "
-                                "eval_strategy."),
-        ("Unexpected keyword", "Trainer passes activation_checkpointing_kwargs' keys "
-                               "other than every_n_layers and offload to "
+        ("evaluation_strategy", "Transformers renamed it eval_strategy."),
+        ("Unexpected keyword", "Trainer passes activation_checkpointing_kwargs on to "
                                "torch.utils.checkpoint.checkpoint; leave it out.")],
-    describe=describe_arguments, correct=lambda got, config: (
-        f"one optimizer step learned from {sum(got['micro-batches'])} examples in "
-        f"{len(got['micro-batches'])} micro-batches of {got['micro-batches'][0]} "
-        "(counted in a real Trainer step), each layer ran its forward pass twice per "
-        "micro-batch (checkpointed: recomputed in backward), and evaluation runs every "
-        "epoch."))
+    describe='64 examples per step, 8 at a time, every layer recomputed, eval "epoch".',
+    correct=lambda got, config: (
+        f"a real Trainer step learned from {sum(got['micro-batches'])} examples in "
+        f"{len(got['micro-batches'])} micro-batches of {got['micro-batches'][0]}, each "
+        "layer ran forward twice per micro-batch (recomputed in backward), and "
+        "evaluation runs every epoch."))
 
 
 @core.checker(TRAINING_ARGUMENTS)
@@ -145,18 +125,17 @@ def check_training_arguments(make_training_args):
 # --- 2.2: predict what Trainer logs -------------------------------------------------
 
 # 10 micro-batches of 16, accumulated 4 by 4 (steps of 4, 4, 2), then 3 by 3 (3, 3, 3,
-# 1), each for a model whose accepts_loss_kwargs is True and False: one configuration
+# 1), each for a model whose accepts_loss_kwargs is True and False
 SETTINGS, MICRO_BATCHES = ((4, True), (4, False), (3, True), (3, False)), 10
 
 
 @functools.cache
 def micro_batch_losses():
     """Each micro-batch's loss, at the weights Trainer starts from (learning rate 0)."""
-    examples, tokenizer = training_examples(16 * MICRO_BATCHES)
     with torch.no_grad():
         model = tiny_model()
-        return [model(**batch.to(model.device)).loss.item()
-                for batch in make_dataloader(examples, tokenizer, 16)]
+        return [model(**batch).loss.item()
+                for batch in fixed_batches(16, MICRO_BATCHES)]
 
 
 def trainer_logs(micro_batch_losses, accumulation, accepts_loss_kwargs):
@@ -164,22 +143,17 @@ def trainer_logs(micro_batch_losses, accumulation, accepts_loss_kwargs):
     the micro-batches at learning rate 0 (it reads no prediction)."""
     model = tiny_model()
     model.accepts_loss_kwargs = accepts_loss_kwargs
-    examples, tokenizer = training_examples(16 * MICRO_BATCHES)
-    with fresh_accelerate_state():
-        return first_logged_losses(
-            model, examples, tokenizer, steps=-(-MICRO_BATCHES // accumulation),
-            micro_batch_size=16, accumulation=accumulation, learning_rate=0.0,
-            train_sampling_strategy="sequential", use_cpu=ON_CPU)
+    return logged_losses(trainer_run(16 * MICRO_BATCHES, 16, accumulation, model=model,
+                                     steps=-(-MICRO_BATCHES // accumulation),
+                                     learning_rate=0.0))
 
 
-def measure_predictions(predict, settings):
-    predictions = [core.learner(predict, list(micro_batch_losses()), *setting)
-                   for setting in settings]
-    if any(isinstance(p, str) or not hasattr(p, "__iter__") for p in predictions):
+def measure_predictions(predict, setting):
+    prediction = core.learner(predict, list(micro_batch_losses()), *setting)
+    if isinstance(prediction, str) or not hasattr(prediction, "__iter__"):
         raise core.Wrong("predict_logged_losses should return a list of numbers, one "
-                         f"per optimizer step; it returned {predictions[0]!r:.60}.")
-    return tuple(tuple(core.as_number(value, "each logged loss") for value in values)
-                 for values in predictions)
+                         f"per optimizer step; it returned {prediction!r:.60}.")
+    return tuple(core.as_number(value, "each logged loss") for value in prediction)
 
 
 def logged(losses, accumulation, summed):
@@ -188,49 +162,37 @@ def logged(losses, accumulation, summed):
     return [sum(step) / (1 if summed else len(step)) for step in steps]
 
 
-def describe_predictions(got, expected, settings):
-    mine, truth, (accumulation, accepts) = next(
-        case for case in zip(got, expected, settings) if not LOGS.same(*case[:2]))
-    return (f"with gradient_accumulation_steps={accumulation} and accepts_loss_kwargs="
-            f"{accepts}, Trainer logged [{', '.join(f'{v:.4f}' for v in truth)}], you "
-            f"predicted [{', '.join(f'{v:.4f}' for v in mine)}]. Hint: Trainer logs "
-            f"one loss per optimizer step: the {'sum' if accepts else 'mean'} of its "
-            "micro-batches' losses, the last step shorter.")
-
-
 LOGS = core.Exercise(
-    "2.2", measure_predictions, trainer_logs, configs=(SETTINGS,),
-    name="predict_logged_losses", describe=describe_predictions,
+    "2.2", measure_predictions, trainer_logs, configs=SETTINGS,
+    name="predict_logged_losses", label="gradient_accumulation_steps={} and "
+    "accepts_loss_kwargs={}", describe="Trainer logs one loss per optimizer step: the "
+    "sum of its micro-batches' losses (accepts_loss_kwargs=True) or their mean.",
     same=core.close(rel=1e-4),  # float32 sums in Trainer; the mistakes are far off
     mistakes=[
-        ("for accepts_loss_kwargs=True Trainer believes the model already divided "
-         "its loss by num_items_in_batch, so it divides by nothing: it logs the sum "
-         "of each step's micro-batch losses (lesson 2's 4 times too big).",
+        ("for accepts_loss_kwargs=True Trainer divides by nothing (it trusts the model "
+         "to divide): it logs the sum of each step's micro-batch losses.",
          lambda losses, accumulation, accepts: logged(losses, accumulation, False)),
-        ("for accepts_loss_kwargs=False (lesson 2's fix), Trainer divides each "
-         "micro-batch's loss by the micro-batches of its step: it logs their mean.",
+        ("for accepts_loss_kwargs=False, Trainer logs the mean of each step's "
+         "micro-batch losses.",
          lambda losses, accumulation, accepts: logged(losses, accumulation, True)),
         ("you swapped the two: accepts_loss_kwargs=True logs each step's sum, False "
          "its mean.", lambda losses, accumulation, accepts: logged(
              losses, accumulation, not accepts)),
-        ("the last step has fewer micro-batches, and Trainer divides by those it "
+        ("the last step is shorter: Trainer divides by the micro-batches it "
          "accumulated, not by gradient_accumulation_steps.",
          lambda losses, accumulation, accepts: [
              total / (1 if accepts else accumulation)
              for total in logged(losses, accumulation, True)]),
-        ("that is one number per micro-batch, but Trainer logs once per optimizer "
-         "step (logging_steps=1).", lambda losses, accumulation, accepts: losses),
-        ("the micro-batches left over at the end of the epoch make one more, smaller "
-         "step, and Trainer logs it too.", lambda losses, accumulation, accepts: logged(
+        ("Trainer logs once per optimizer step, not per micro-batch.",
+         lambda losses, accumulation, accepts: losses),
+        ("the micro-batches left over make one more, smaller step, logged too.",
+         lambda losses, accumulation, accepts: logged(
              losses, accumulation, accepts)[:len(losses) // accumulation]),
-        ("you grouped the micro-batches 4 at a time, but the check's second run "
-         "accumulates 3: group them by the argument accumulation.",
+        ("the check's second run accumulates 3: group by the argument accumulation.",
          lambda losses, accumulation, accepts: logged(losses, 4, accepts))],
-    correct=lambda logs, settings: (
-        f"you predicted all {sum(map(len, logs))} losses that {len(settings)} real "
-        "Trainer runs logged: 10 micro-batches accumulated 4 by 4 make 3 optimizer "
-        "steps of 4, 4 and 2 micro-batches; as is, Trainer logs each step's sum, with "
-        "the fix their mean, the last step divided by 2."))
+    correct=f"you predicted the losses of {len(SETTINGS)} real Trainer runs: 10 "
+    "micro-batches accumulated 4 by 4 make steps of 4, 4 and 2; as is, Trainer logs "
+    "each step's sum, with the fix their mean, the last divided by 2.")
 
 
 @core.checker(LOGS)
@@ -264,9 +226,12 @@ def measure_loop(loop, accumulation):
         prepared = accelerator.prepare(model, optimizer,
                                        make_dataloader(examples, tokenizer, 8))
         returned = core.learner(loop, accelerator, *prepared)
+    if inspect.isgenerator(returned):
+        raise core.Wrong("fixed_loop is a generator function (it holds `yield`): "
+                         "calling it runs none of its body. Hint: return a list.")
     losses = (tuple(core.as_number(loss, "each loss fixed_loop returned")
                     for loss in returned) if isinstance(returned, (list, tuple))
-              else type(returned).__name__)  # None, a generator, a tensor...
+              else type(returned).__name__)  # None, a tensor...
     return {"weights": flat_parameters(model).cpu(), "rates": tuple(rates),
             "losses": losses}
 
@@ -320,54 +285,35 @@ def smaller_learning_rate(accelerator, model, optimizer, dataloader):
         accelerator, model, optimizer, dataloader)
 
 
-def describe_loop(got, expected, accumulation):
-    run = f"with gradient_accumulation_steps={accumulation}, "
-    if got["losses"] == "generator":
-        return ("fixed_loop is a generator function (it holds `yield`): calling it "
-                "runs none of its body. Hint: collect the losses in a list, return it.")
-    if LOOP.same(got["weights"], expected["weights"]):
-        return (f"{run}the weights are right, but fixed_loop returned {got['losses']}, "
-                f"not each step's mean loss, {expected['losses']}.")
-    return (f"{run}{len(got['rates'])} optimizer steps, but not the weights of 2 plain "
-            f"SGD steps on batches of {8 * accumulation}. Hint: each step must use the "
-            "mean gradient of its micro-batches, and nothing else.")
-
-
 PLAIN, DIVIDED = (lambda accelerator, loss: loss.backward(),
                   lambda accelerator, loss: accelerator.backward(loss))
 LOOP = core.Exercise(
     "2.3", measure_loop, bigger_batches, configs=LOOP_RUNS, name="fixed_loop",
+    label="gradient_accumulation_steps={}",
     mistakes=[
-        ("these are the weights of the loop as given: optimizer.step() saw only the "
-         "last micro-batch's gradient (zero_grad() after each erased the one before), "
-         "at full size (loss.backward() does not divide by the accumulation steps).",
+        ("these are the loop as given: zero_grad() after each micro-batch erased the "
+         "one before, and loss.backward() does not divide by the accumulation steps.",
          accumulate_by_hand(PLAIN)),
-        ("optimizer.step() saw only the last micro-batch's gradient: zero_grad() after "
-         "every micro-batch erased the one before. Hint: reset the gradients only once "
-         "an optimizer step has used them.", accumulate_by_hand(DIVIDED)),
-        ("the micro-batches' gradients were added, not averaged, so each step went "
-         "too far. Hint: loss.backward() does not divide by the accumulation steps; "
-         "accelerator.backward(loss) does.", accumulate_by_hand(PLAIN, "step")),
-        ("each micro-batch's gradient was divided twice, so each step went too short. "
-         "Hint: accelerator.backward(loss) already divides the loss by the "
-         "accumulation steps.", accumulate_by_hand(
+        ("zero_grad() after every micro-batch erased the one before. Hint: reset the "
+         "gradients only after an optimizer step.", accumulate_by_hand(DIVIDED)),
+        ("the gradients were added, not averaged. Hint: accelerator.backward(loss) "
+         "divides by the accumulation steps; loss.backward() does not.",
+         accumulate_by_hand(PLAIN, "step")),
+        ("each gradient was divided twice: accelerator.backward(loss) already divides "
+         "the loss by the accumulation steps.", accumulate_by_hand(
              lambda accelerator, loss: accelerator.backward(
                  loss / accelerator.gradient_accumulation_steps), "step")),
-        ("the gradients were never reset, so the second step also added the first "
-         "step's. Hint: optimizer.zero_grad() after each optimizer step.",
-         accumulate_by_hand(DIVIDED, "never")),
-        ("the optimizer stepped with a smaller learning rate than it was given. Hint: "
-         "leave it alone and average the gradients: a smaller learning rate moves "
-         "plain SGD as a smaller gradient does, but not AdamW, Trainer's default.",
-         smaller_learning_rate),
-        ("the weights are right, but fixed_loop returned None: keep step_losses, the "
-         "mean loss of each optimizer step, and return them.", lessons_loop)],
-    describe=describe_loop,
+        ("the gradients were never reset. Hint: optimizer.zero_grad() after each "
+         "optimizer step.", accumulate_by_hand(DIVIDED, "never")),
+        ("you lowered the learning rate: that moves plain SGD as averaging does, but "
+         "not AdamW. Hint: leave it; average the gradients.", smaller_learning_rate),
+        ("the weights are right, but fixed_loop returned None: return step_losses, "
+         "each optimizer step's mean loss.", lessons_loop)],
+    describe="each step must use the mean gradient of its micro-batches, and return "
+    "each step's mean loss.",
     same=core.close(rel=1e-4, abs_=WEIGHTS_TOLERANCE),  # mistakes move weights 5e-2+
-    correct=lambda got, accumulation: (
-        f"{2 * accumulation} micro-batches of 8 gave 2 optimizer steps, the weights of "
-        f"2 plain SGD steps on batches of {8 * accumulation}, and the mean loss of "
-        "each step; the same with 3 micro-batches per step."))
+    correct="4 micro-batches of 8 gave the weights of 2 plain SGD steps on batches of "
+    "16, and each step's mean loss; the same with 3 micro-batches per step.")
 
 
 @core.checker(LOOP)
@@ -415,9 +361,7 @@ def one_big_step(examples):
     """The weights after one plain SGD step on all ``examples`` at once (lesson 2's
     claim, measured)."""
     model = tiny_model()
-    data, tokenizer = training_examples(examples)
-    batch = next(iter(make_dataloader(data, tokenizer, examples)))
-    model(**batch.to(model.device)).loss.backward()
+    model(**fixed_batches(examples, 1)[0]).loss.backward()
     torch.optim.SGD(model.parameters(), lr=SGD["learning_rate"]).step()
     return flat_parameters(model).cpu()
 
@@ -426,8 +370,8 @@ def uneven_correct(got, config):
     if not UNEVEN.same(got["weights"], one_big_step(config[0])):  # lesson 2's claim
         raise RuntimeError("the intended loss no longer gives one big step's weights")
     return ("a Trainer step over micro-batches of 16, 16 and 8 gave the weights of one "
-            "SGD step on all 40 examples at once, and one over 16 and 8 those of one "
-            "on all 24; Trainer logged their mean losses: every example weighed alike.")
+            "SGD step on all 40 examples at once (16 and 8: on all 24), and logged "
+            "their mean loss: every example weighed alike.")
 
 
 def summed(outputs, labels, divisor):  # the mistakes' code, as a learner writes it
@@ -444,46 +388,36 @@ UNEVEN = core.Exercise(
                                                        num_items_in_batch),
     configs=UNEVEN_STEPS, name="step_mean_loss",
     mistakes=[
-        ("your loss is each micro-batch's own mean. With a compute_loss_func, Trainer "
-         "does not divide by the accumulation steps (it trusts the function to use "
-         "num_items_in_batch), so the means were added: the step went about 3 times "
-         "too far.", lambda outputs, labels, num_items_in_batch: mean(outputs, labels)),
-        ("you averaged the 3 micro-batch means, but the last micro-batch has 8 "
-         "examples, not 16: each of them weighed twice as much as the others. Sum the "
-         "micro-batch's losses and divide by num_items_in_batch.",
+        ("each micro-batch's own mean: with a compute_loss_func Trainer does not "
+         "divide by the accumulation steps, so the step went about 3 times too far.",
+         lambda outputs, labels, num_items_in_batch: mean(outputs, labels)),
+        ("the mean of the 3 micro-batch means weighs the 8 examples of the last one "
+         "twice. Sum the losses and divide by num_items_in_batch.",
          lambda outputs, labels, num_items_in_batch: mean(outputs, labels) / 3),
-        ("you returned the sum of the micro-batch's losses: over the step, 40 times "
-         "the mean. Divide it by num_items_in_batch.",
+        ("the sum of the losses, 40 times the mean: divide it by num_items_in_batch.",
          lambda outputs, labels, num_items_in_batch: summed(outputs, labels, 1)),
-        ("you divided by 48 = 16 x 3, but this step has only 40 examples (the last "
-         "micro-batch is short): num_items_in_batch counts them.",
+        ("48 = 16 x 3, but the step has 40 examples: divide by num_items_in_batch.",
          lambda outputs, labels, num_items_in_batch: summed(outputs, labels, 48)),
-        ("you divided the micro-batch's mean, already divided by its own examples, "
-         "by num_items_in_batch again: divide the sum of its losses instead.",
-         lambda outputs, labels, num_items_in_batch: mean(outputs, labels)
-         / num_items_in_batch),
-        ("you divided by 40, the first step's examples, but the check's second step "
-         "has 24: divide by num_items_in_batch, which Trainer counts for each step.",
+        ("the mean is already divided by its examples: divide the sum by "
+         "num_items_in_batch instead.", lambda outputs, labels, num_items_in_batch:
+         mean(outputs, labels) / num_items_in_batch),
+        ("40 is the first step's count; the check's second step has 24: divide by "
+         "num_items_in_batch.",
          lambda outputs, labels, num_items_in_batch: summed(outputs, labels, 40))],
     error_hints=[
         ("*=: 'NoneType'", "step_mean_loss returned None: did you forget `return`?"),
         ("NoneType' and", "Trainer takes the labels out of the batch, so outputs.loss "
-                          "is None: compute the loss from outputs.logits and labels."),
-        ("num_items_in_batch", "Trainer calls it as compute_loss_func(outputs, labels, "
+                          "is None: use outputs.logits and labels."),
+        ("num_items_in_batch", "Trainer calls compute_loss_func(outputs, labels, "
                                "num_items_in_batch=...)."),
-        ("has no attribute 'backward'", "return the loss as a tensor, not a number: "
-                                        "Trainer calls backward on it."),
-        ("only for scalar", "return one number per micro-batch: add up its examples' "
-                            "losses."),
-        ("does not require grad", "return a tensor computed from outputs.logits, with "
-                                  "its graph (no .item(), no .detach()).")],
+        ("has no attribute 'backward'", "return the loss as a tensor, not a number."),
+        ("only for scalar", "return one number per micro-batch."),
+        ("does not require grad", "return a tensor computed from outputs.logits (no "
+                                  ".item(), no .detach()).")],
     same=core.close(rel=1e-4, abs_=WEIGHTS_TOLERANCE),  # mistakes move weights 4e-3+
-    correct=uneven_correct,
-    describe=lambda got, expected, config: (
-        f"after one Trainer step over {config[0]} examples, the weights differ from "
-        f"one SGD step on all of them at once (Trainer logged {got['logged']:.4f}, "
-        f"their mean loss is {expected['logged']:.4f}). Hint: each micro-batch's share"
-        " is the sum of its examples' losses divided by num_items_in_batch."))
+    correct=uneven_correct, label="{} examples accumulated {} at a time",
+    describe="each micro-batch's share is the sum of its examples' losses divided by "
+    "num_items_in_batch.")
 
 
 @core.checker(UNEVEN)

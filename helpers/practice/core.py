@@ -18,7 +18,7 @@ import re
 import textwrap
 import traceback
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -59,6 +59,7 @@ class NotDone(Exception):
 @dataclass(frozen=True)
 class Raised:  # the outcome of an answer that raised: ``Type: its first sentence``
     error: str
+    where: str = field(default="", compare=False)  # path, line: for the check's bugs
 
 
 def same_values(got, expected, rel=1e-6, abs_=1e-9):
@@ -94,10 +95,13 @@ class Exercise:
     intended: Any  # the right answer, the same kind of thing the learner gives
     mistakes: Sequence = ()  # (hint, wrong answer as a learner writes it)
     configs: Sequence = (None,)  # >= 2 where the answer is a function
-    describe: Callable = (  # (got, expected, config) -> str, where no mistake matches
-        lambda got, expected, config: f"your answer gave {got}, not {expected}.")
+    # where no mistake matches: (got, expected, config) -> str, or the hint that
+    # follows the parts of the outcome that differ (``differences``)
+    describe: Any = ""
+    label: str = "{}"  # a configuration in words, e.g. "max_grad_norm={}"
     same: Callable = same_values  # tolerance from the gap between right and wrong
-    correct: Callable = lambda got, config: "it does what the intended answer does."
+    # (got, config) -> str, or a text formatted with the (dict) outcome's parts
+    correct: Any = "it does what the intended answer does."
     name: str = "your answer"  # what the learner named it, for the messages
     error_hints: Sequence = ()  # (text in an error, hint) for errors no mistake makes
 
@@ -151,8 +155,10 @@ def judge(exercise, answer):
     for index in configs:
         got = answer_outcome(index)
         expected = cached_outcome(exercise, "intended", index)
-        if isinstance(expected, Raised):
-            raise RuntimeError(f"the intended answer raised {expected.error}")
+        if isinstance(expected, Raised):  # reported where the check's code raised
+            bug = RuntimeError(f"the intended answer raised {expected.error}")
+            bug.where = expected.where
+            raise bug
         if exercise.same(got, expected):
             continue
         mistaken = [answer_outcome(i) for i in configs]
@@ -166,9 +172,14 @@ def judge(exercise, answer):
                          if text in got.error),
                         "run it on its own to see the full error.")
             return WRONG, f"calling {exercise.name} raised {got.error}. Hint: {hint}"
-        return WRONG, exercise.describe(got, expected, exercise.configs[index])
+        config = exercise.configs[index]
+        return WRONG, (exercise.describe(got, expected, config)
+                       if callable(exercise.describe)
+                       else differences(exercise, got, expected, config))
     first = cached_outcome(exercise, "intended", 0)
-    return CORRECT, exercise.correct(first, exercise.configs[0])
+    if callable(exercise.correct):
+        return CORRECT, exercise.correct(first, exercise.configs[0])
+    return CORRECT, exercise.correct.format(**first if isinstance(first, dict) else {})
 
 
 _outcomes = {}  # (exercise, "intended" or a mistake's index, config index) -> outcome
@@ -183,16 +194,36 @@ def cached_outcome(exercise, which, index):
         try:
             _outcomes[key] = outcome(exercise, answer, exercise.configs[index])
         except Wrong as reason:  # a mistake the measure itself turns down
-            _outcomes[key] = Raised(f"Wrong: {reason}")
+            _outcomes[key] = Raised(f"Wrong: {reason}", where_raised(reason))
     return _outcomes[key]
+
+
+def differences(exercise, got, expected, config):
+    """The default description: the configuration, the parts of the outcome that differ
+    from the intended one's (not their intended values: those may be the answer), the
+    hint."""
+    def shown(key, value):  # tensors by name only: their values say nothing to read
+        value = f"{value:.4g}" if isinstance(value, float) else short_repr(value, 60)
+        return key if "tensor(" in value else f"{key} {value}"
+
+    in_words = exercise.label.format(*config if isinstance(config, tuple) else [config])
+    where = f"with {in_words}, " if len(exercise.configs) > 1 else ""
+    if isinstance(got, dict) and isinstance(expected, dict):
+        parts = [shown(key, got[key]) for key in got if key not in expected
+                 or not exercise.same(got[key], expected[key])]
+        said = f"{where}what differs from the intended answer: {listed(parts)}."
+    else:
+        said = f"{where}{exercise.name} gave {shown('', got).strip()}."
+    return said + (f" Hint: {exercise.describe}" if exercise.describe else "")
 
 
 def outcome(exercise, answer, config):
     """``measure(answer, config)``; a learner's exception becomes a Raised outcome."""
     try:
         return exercise.measure(answer, config)
-    except LearnerRaised as raised:
-        return Raised(str(raised))
+    except LearnerRaised as raised:  # its context: the answer's own exception
+        error = raised.__context__
+        return Raised(str(raised), error and where_raised(error))
 
 
 class LearnerRaised(Exception):  # raised by learner(): the learner's code raised
@@ -222,15 +253,12 @@ def as_number(value, name="your answer", whole=False):
     with a hint; with ``whole``, so is a number with a fraction."""
     said = f"{name} should be a {'whole ' if whole else ''}number, but it is"
     if isinstance(value, bool) or "bool" in str(getattr(value, "dtype", "")):
-        raise Wrong(f"{said} {short_repr(value)}, a truth value. Hint: give the "
-                    "number.")
+        raise Wrong(f"{said} {short_repr(value)}, a truth value. Hint: the number.")
     if getattr(value, "is_meta", False) is True:
-        raise Wrong(f"{said} a tensor on PyTorch's meta device: it has a shape but no "
-                    "value. Hint: compute with Python numbers (e.g. math.prod(shape)).")
-    shape = tuple(getattr(value, "shape", ()))
-    if shape:
-        raise Wrong(f"{said} of shape {shape}. Hint: give one number; .item() gives "
-                    "the number in a 0-dimensional tensor or array.")
+        raise Wrong(f"{said} a tensor on PyTorch's meta device, without a value. Hint: "
+                    "compute with Python numbers (math.prod(shape)).")
+    if shape := tuple(getattr(value, "shape", ())):
+        raise Wrong(f"{said} of shape {shape}. Hint: one number (.item()).")
     with contextlib.suppress(Exception):
         return operator.index(value)  # int, NumPy integers, 0-d integer tensors
     try:  # float, NumPy floats, Fraction, Decimal, 0-d float tensors and arrays
@@ -241,17 +269,20 @@ def as_number(value, name="your answer", whole=False):
         raise Wrong(f"{said} {short_repr(value)}, of type {type(value).__name__}. "
                     "Hint: give a number.") from None
     if math.isnan(number) or math.isinf(number):
-        raise Wrong(f"{said} {number}. Hint: nan and inf come from a division by zero "
-                    "or an overflow; compute with Python numbers.")
+        raise Wrong(f"{said} {number}: a division by zero or an overflow. Hint: "
+                    "compute with Python numbers.")
     if whole and not number.is_integer():
-        raise Wrong(f"{said} {number:g}. Hint: a count is whole; where it comes from a "
-                    "division (/), decide whether it rounds up (math.ceil) or down "
-                    "(//).")
+        raise Wrong(f"{said} {number:g}. Hint: a count is whole: after a division, "
+                    "decide whether it rounds up (math.ceil) or down (//).")
     return int(number) if whole else number
 
 
-def plural(count, word):  # 1 layer, 2 layers
-    return f"{count} {word}{'' if count == 1 else 's'}"
+def returned(value, kind, name):
+    """``value``, if the learner's ``name`` returned a ``kind``; else a form problem."""
+    if not isinstance(value, kind):
+        raise Wrong(f"{name} should return {kind.__name__}(...), but returned "
+                    f"{type(value).__name__}.")
+    return value
 
 
 def listed(items):  # a; a and b; a, b and c; "" for none
@@ -277,7 +308,8 @@ def describe_error(error):
 def check_failure_report(error):
     """An exception in the check's own code: what, where, whom to tell."""
     return ("this is a bug in the check, not in your answer: "
-            f"{describe_error(error)}, raised at {where_raised(error)}. Please report "
+            f"{describe_error(error)}, raised at "
+            f"{getattr(error, 'where', '') or where_raised(error)}. Please report "
             "it, with this message, to the course maintainers (in the course's issue "
             "tracker).")
 
@@ -304,14 +336,10 @@ def is_unfinished(answer):
         return any(is_unfinished(v) for v in answer.values())
     if isinstance(answer, (list, tuple, set)):
         return any(is_unfinished(v) for v in answer)
-    return inspect.isfunction(answer) and function_has_ellipsis(answer)
-
-
-def function_has_ellipsis(function):
-    """Whether the function's source holds a `...` (slicing such as x[..., 0] does not
-    count)."""
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    if not inspect.isfunction(answer):
+        return False
+    try:  # a `...` in the function's source (slicing such as x[..., 0] does not count)
+        tree = ast.parse(textwrap.dedent(inspect.getsource(answer)))
     except (OSError, TypeError, SyntaxError):
         return False  # no source to read: judge it by what it does
     in_slices = {id(node) for sub in ast.walk(tree) if isinstance(sub, ast.Subscript)

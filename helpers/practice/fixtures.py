@@ -62,15 +62,35 @@ def fresh_accelerate_state():
         AcceleratorState._shared_state.update(saved[1])
 
 
+def args_with(**settings):
+    """make_training_args as a learner writes it: TrainingArguments(``settings``)."""
+    from transformers import TrainingArguments
+
+    return lambda folder: TrainingArguments(folder, report_to="none", **settings)
+
+
+def learners_arguments(make_training_args):
+    """The TrainingArguments that the learner's ``make_training_args(output_dir)``
+    returns (anything else is a form problem)."""
+    from transformers import TrainingArguments
+
+    from helpers.practice.core import learner, returned
+
+    with tempfile.TemporaryDirectory() as folder, fresh_accelerate_state():
+        return returned(learner(make_training_args, folder), TrainingArguments,
+                        "make_training_args")
+
+
 def trainer_run(examples, micro_batch_size, accumulation=1, make_args=None,
-                model=None, compute_loss_func=None, **arguments):
-    """The Trainer after one step of ``model`` (or a fresh tiny one) on the first
-    ``examples`` examples, in order, with ``make_args(output_dir)``'s TrainingArguments
-    or ``arguments``; nothing saved, the random and Accelerate states put back."""
+                model=None, compute_loss_func=None, steps=1, **arguments):
+    """The Trainer after ``steps`` optimizer steps of ``model`` (or a fresh tiny one) on
+    the first ``examples`` examples, in order, with ``make_args(output_dir)``'s
+    TrainingArguments or ``arguments``; nothing saved, the random and Accelerate states
+    put back."""
     from transformers import DataCollatorWithPadding, Trainer, TrainingArguments
     from transformers.trainer_callback import PrinterCallback
 
-    one_step = dict(max_steps=1, logging_steps=1, save_strategy="no", report_to=[],
+    one_step = dict(max_steps=steps, logging_steps=1, save_strategy="no", report_to=[],
                     per_device_train_batch_size=micro_batch_size, disable_tqdm=True,
                     gradient_accumulation_steps=accumulation,
                     train_sampling_strategy="sequential")
