@@ -511,8 +511,8 @@ class Watchdog:
                   for rank, stack in sorted(stacks.items())]
         lines.append("A process that never issues a collective the others wait in "
                      "(one under `if accelerator.is_main_process:`) looks like this; "
-                     f"the others give up after {collective_timeout_s():.0f} s, and the "
-                     f"launch is stopped after {self.timeout_s} s.")
+                     f"the others give up after {collective_timeout_s():.0f} s, and "
+                     f"the launch is stopped after {self.timeout_s} s.")
         print("\n".join(lines), file=sys.stderr, flush=True)
 
     def stop_workers(self, timed_out):
