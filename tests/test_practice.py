@@ -61,7 +61,7 @@ def test_a_check_that_fails_itself_says_so_where_and_whom_to_tell(capsys):
     # a bug in the check, not in the answer
     @checker(Exercise("0.1", lambda answer, _: {"expected": 42}["missing key"], 42))
     def check_crashes(answer):
-        return answer
+        """The answer is passed on as it is."""
 
     check_crashes(42)
     printed = capsys.readouterr().out
@@ -78,7 +78,7 @@ def test_an_exception_in_the_learners_code_is_not_quite_in_one_sentence(capsys):
     @checker(Exercise("0.2", lambda answer, x: learner(answer, x), lambda x: x,
                       configs=(1,), name="answer"))
     def check_calls(answer):
-        return answer
+        """The answer is passed on as it is."""
 
     def answer(x):
         return {"a": 1}["b"]
@@ -166,7 +166,7 @@ def test_a_learners_nan_is_not_quite_never_a_check_that_failed_itself():
                                                          whole=True),
                       lambda: 12, correct=lambda got, _: f"{got:,} bytes"))
     def check_count(answer):
-        return answer
+        """The answer is passed on as it is."""
 
     assert_verdict(check_count.verdict(lambda: float("nan")), WRONG,
                    "count should be a whole number, but it is nan")
