@@ -18,7 +18,7 @@ ENGLISH = "en"
 # the translated languages: a folder of notebooks/ each
 LANGUAGES = {"hi": "Hindi", "tr": "Turkish"}
 
-# The four verdicts (helpers/practice/verdicts.py: CORRECT, WRONG, NOT_DONE,
+# The four verdicts (helpers/practice/core.py: CORRECT, WRONG, NOT_DONE,
 # CHECK_FAILED) and the word "Exercise", as the translated practice notebooks write them
 VERDICT_WORDS = {
     "hi": {"correct": "सही", "not quite": "पूरी तरह नहीं",
@@ -30,58 +30,53 @@ VERDICT_WORDS = {
            "Exercise": "Alıştırma"},
 }
 
-# The checks' fixed sentences (helpers/practice/verdicts.py), as regular expressions
+# The checks' fixed sentences (helpers/practice/core.py), as regular expressions
 # over the English message, and their translations; the named parts (a function's
 # name, an error, a place in the code) are kept as they are.
 _NOT_DONE_RETURNS = re.compile(
     r"(?P<name>\S+) still returns `\.\.\.`: replace each `\.\.\.` in it with your "
     r"code, run that cell, then run this check again\.")
 _NOT_DONE_REPLACE = re.compile(
-    r"[Rr]eplace each `\.\.\.` in (?P<name>.+?) with (?P<what>.+?), run that cell, "
-    r"then run this check again\.")
+    r"[Rr]eplace each `\.\.\.` in (?P<name>.+?) with your code, run that cell, then "
+    r"run this check again\.")
 _CHECK_BUG = re.compile(
     r"[Tt]his is a bug in the check, not in your answer: (?P<error>.+), raised at "
     r"(?P<where>.+?)\. Please report it, with this message, to the course maintainers "
     r"\(in the course's issue tracker\)\.", re.S)
-_CALLING_RAISED = re.compile(r"[Cc]alling (?P<name>\S+) raised (?P<error>.+?)\. Hint: ")
+# the learner's error is ``Type: its first sentence``; what follows is the hint of the
+# mistake it made (": "), else "Hint: " and what to try
+_ERROR = r"(?P<error>\w+(?:: (?:(?!: ).)+?)?)"
+_CALLING_RAISED = re.compile(rf"[Cc]alling (?P<name>\S+) raised {_ERROR}\. Hint: ")
+_CALLING_RAISED_MISTAKE = re.compile(rf"[Cc]alling (?P<name>\S+) raised {_ERROR}: ")
 _HINT = re.compile(r"\bHint: ")
 
 FIXED_PHRASES = {
     "hi": [
         (_NOT_DONE_RETURNS, "{name} अब भी `...` लौटाता है: उसमें हर `...` की जगह अपना "
                             "कोड लिखें, वह सेल चलाएँ, फिर यह जाँच दोबारा चलाएँ।"),
-        (_NOT_DONE_REPLACE, "{name} में हर `...` की जगह {what} लिखें, वह सेल चलाएँ, फिर "
-                            "यह जाँच दोबारा चलाएँ।"),
+        (_NOT_DONE_REPLACE, "{name} में हर `...` की जगह अपना कोड लिखें, वह सेल चलाएँ, "
+                            "फिर यह जाँच दोबारा चलाएँ।"),
         (_CHECK_BUG, "यह जाँच के कोड की गड़बड़ी है, आपके उत्तर की नहीं: {error}, {where} "
                      "पर। कृपया यह संदेश कोर्स के रखवालों को भेजें (कोर्स के issue "
                      "tracker में)।"),
         (_CALLING_RAISED, "{name} को चलाने पर {error} आया। संकेत: "),
+        (_CALLING_RAISED_MISTAKE, "{name} को चलाने पर {error} आया: "),
         (_HINT, "संकेत: "),
     ],
     "tr": [
         (_NOT_DONE_RETURNS, "{name} hâlâ `...` döndürüyor: içindeki her `...` yerine "
                             "kodunuzu yazın, o hücreyi çalıştırın, sonra bu denetimi "
                             "yeniden çalıştırın."),
-        (_NOT_DONE_REPLACE, "{name} içindeki her `...` yerine {what} yazın, o hücreyi "
-                            "çalıştırın, sonra bu denetimi yeniden çalıştırın."),
+        (_NOT_DONE_REPLACE, "{name} içindeki her `...` yerine kodunuzu yazın, o "
+                            "hücreyi çalıştırın, sonra bu denetimi yeniden "
+                            "çalıştırın."),
         (_CHECK_BUG, "Bu, cevabınızdaki değil denetimin kendisindeki bir hata: "
                      "{error}, şurada: {where}. Lütfen bu mesajla birlikte kurs "
                      "sorumlularına bildirin (kursun issue tracker'ında)."),
         (_CALLING_RAISED, "{name} çağrılınca {error} oluştu. İpucu: "),
+        (_CALLING_RAISED_MISTAKE, "{name} çağrılınca {error} oluştu: "),
         (_HINT, "İpucu: "),
     ],
-}
-# What a check asks to write instead of a `...` (verdicts.require_done's ``what``); one
-# not listed stays in English
-WHAT_TO_WRITE = {
-    "hi": {"your code": "अपना कोड", "a whole number": "एक पूर्ण संख्या",
-           '"bfloat16" or "float32" for each operation':
-               'हर ऑपरेशन के लिए "bfloat16" या "float32"',
-           "a number of bytes per parameter": "प्रति पैरामीटर बाइट्स की संख्या"},
-    "tr": {"your code": "kodunuzu", "a whole number": "bir tam sayı",
-           '"bfloat16" or "float32" for each operation':
-               'her işlem için "bfloat16" ya da "float32"',
-           "a number of bytes per parameter": "parametre başına bayt sayısını"},
 }
 
 
@@ -100,15 +95,10 @@ def learner_language(folder=None):
 def translate_message(message, language):
     """A check's message with its fixed sentences in ``language``; the rest as it
     is."""
-    def translated(match, template):
-        parts = match.groupdict()
-        if "what" in parts:
-            parts["what"] = WHAT_TO_WRITE[language].get(parts["what"], parts["what"])
-        return template.format(**parts)
-
     for pattern, template in FIXED_PHRASES.get(language, []):
         message = pattern.sub(
-            lambda match, template=template: translated(match, template), message)
+            lambda match, template=template: template.format(**match.groupdict()),
+            message)
     return message
 
 

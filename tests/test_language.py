@@ -8,7 +8,16 @@ import pytest
 
 from helpers import language
 from helpers.paths import REPO_ROOT
-from helpers.practice import verdicts
+from helpers.practice.core import (
+    CHECK_FAILED,
+    CORRECT,
+    NOT_DONE,
+    WRONG,
+    Exercise,
+    NotDone,
+    check,
+    learner,
+)
 
 
 @pytest.mark.parametrize("folder, expected", [
@@ -20,8 +29,7 @@ def test_the_learners_language_is_the_notebooks_folder(folder, expected):
 
 
 def test_every_verdict_has_its_words_in_each_language():
-    statuses = {verdicts.CORRECT, verdicts.WRONG, verdicts.NOT_DONE,
-                verdicts.CHECK_FAILED}
+    statuses = {CORRECT, WRONG, NOT_DONE, CHECK_FAILED}
     for lang in language.LANGUAGES:
         assert set(language.VERDICT_WORDS[lang]) == statuses | {"Exercise"}
 
@@ -36,37 +44,44 @@ def test_the_translated_practice_notebooks_name_the_verdicts_the_checks_print(la
     for path in practice:
         intro = "".join(json.loads(path.read_text())["cells"][0]["source"])
         missing = [word for status, word in language.VERDICT_WORDS[lang].items()
-                   if status in (verdicts.CORRECT, verdicts.WRONG, verdicts.NOT_DONE)
+                   if status in (CORRECT, WRONG, NOT_DONE)
                    and word not in intro]
         assert not missing, f"{path.name} does not name {missing}"
+
+
+def unscaled(x):  # a mistake that raises
+    raise AssertionError("No inf checks were recorded for this optimizer.")
+
+
+KEEP_B = Exercise(
+    number="1.2", name="keep_b", intended=lambda x: 3 * x,
+    # a text for an answer: the check's own bug (a KeyError)
+    measure=lambda answer, x: learner(answer, x) if callable(answer) else {}["state"],
+    mistakes=[("you kept A. Hint: keep B.", unscaled)], configs=(1, 2),
+    error_hints=[("ZeroDivision", "divide by the count.")],
+    correct=lambda got, x: f"B was kept: {got} tensors, measured.")
 
 
 def verdicts_in(folder, monkeypatch):
     """What a check prints, run in ``folder`` (the notebook's kernel's folder)."""
     folder.mkdir(parents=True, exist_ok=True)
     monkeypatch.chdir(folder)
-
-    @verdicts.checker("1.2")
-    def judge(answer):
-        verdicts.require_done(answer, "keep_b")
-        if answer == "bug":
-            raise KeyError("state")
-        if answer != 3:
-            verdicts.call_learner(lambda: 1 / 0, name="keep_b",
-                                  hints=[("ZeroDivision", "divide by the count.")])
-        return "B was kept: 3 tensors, measured."
-
-    return [str(judge.verdict(answer)) for answer in (..., 2, "bug", 3)]
+    answers = (...,  # each on its own line: a lambda's source is its whole line
+               lambda x: 1 / 0,
+               unscaled, "bug", lambda x: x * 3)
+    return [str(check(KEEP_B, answer)) for answer in answers]
 
 
-# What each check prints in each language's folder: not done, wrong, check failed,
-# correct (the start of each line)
+# What each check prints in each language's folder: not done, wrong (an error no
+# mistake makes; a listed mistake's error), check failed, correct (each line's start)
 PRINTED = {
     "notebooks/hi/practice": [
         "अभ्यास 1.2: अभी किया नहीं गया. keep_b में हर `...` की जगह अपना कोड लिखें, वह सेल "
         "चलाएँ, फिर यह जाँच दोबारा चलाएँ।",
         "अभ्यास 1.2: पूरी तरह नहीं. keep_b को चलाने पर ZeroDivisionError: division by "
         "zero आया। संकेत: divide by the count.",
+        "अभ्यास 1.2: पूरी तरह नहीं. keep_b को चलाने पर AssertionError: No inf checks "
+        "were recorded for this optimizer आया: you kept A. संकेत: keep B.",
         "अभ्यास 1.2: जाँच ख़ुद विफल हो गई. यह जाँच के कोड की गड़बड़ी है, आपके उत्तर की "
         "नहीं: KeyError: 'state', tests/test_language.py, line ",
         # what the check measured stays as the check wrote it
@@ -76,6 +91,8 @@ PRINTED = {
         "yazın, o hücreyi çalıştırın, sonra bu denetimi yeniden çalıştırın.",
         "Alıştırma 1.2: tam değil. keep_b çağrılınca ZeroDivisionError: division by "
         "zero oluştu. İpucu: divide by the count.",
+        "Alıştırma 1.2: tam değil. keep_b çağrılınca AssertionError: No inf checks "
+        "were recorded for this optimizer oluştu: you kept A. İpucu: keep B.",
         "Alıştırma 1.2: denetimin kendisi başarısız oldu. Bu, cevabınızdaki değil "
         "denetimin kendisindeki bir hata: KeyError: 'state', şurada: ",
         "Alıştırma 1.2: doğru. B was kept: 3 tensors, measured."],
@@ -84,6 +101,8 @@ PRINTED = {
         "that cell, then run this check again.",
         "Exercise 1.2: not quite. Calling keep_b raised ZeroDivisionError: division by "
         "zero. Hint: divide by the count.",
+        "Exercise 1.2: not quite. Calling keep_b raised AssertionError: No inf checks "
+        "were recorded for this optimizer: you kept A. Hint: keep B.",
         "Exercise 1.2: the check itself failed. This is a bug in the check, not in "
         "your answer: KeyError: 'state', raised at tests/test_language.py, line ",
         "Exercise 1.2: correct. B was kept: 3 tensors, measured."],
@@ -94,6 +113,7 @@ PRINTED = {
 def test_a_check_prints_its_verdict_in_the_language_of_its_folder(
         folder, tmp_path, monkeypatch):
     printed = verdicts_in(tmp_path / folder, monkeypatch)
+    assert len(printed) == len(PRINTED[folder])
     for line, expected in zip(printed, PRINTED[folder]):
         assert line.startswith(expected), line
     if folder != "notebooks/practice":
@@ -101,26 +121,13 @@ def test_a_check_prints_its_verdict_in_the_language_of_its_folder(
                     or "Hint:" in line], printed
 
 
-@pytest.mark.parametrize("what, hindi, turkish", [
-    ("a whole number", "एक पूर्ण संख्या लिखें", "yerine bir tam sayı yazın"),
-    ("a number of bytes per parameter", "प्रति पैरामीटर बाइट्स की संख्या लिखें",
-     "yerine parametre başına bayt sayısını yazın"),
-    ("one of the names", "one of the names लिखें", "yerine one of the names yazın")])
-def test_what_a_check_asks_for_is_said_in_the_language(what, hindi, turkish):
-    with pytest.raises(verdicts.NotDone) as raised:
-        verdicts.require_done(..., "prediction", what)
-    for lang, expected in (("hi", hindi), ("tr", turkish)):
-        line = language.verdict_line("1.1", verdicts.NOT_DONE, str(raised.value), lang)
-        assert expected in line and "Replace" not in line, line
-
-
 def test_a_function_left_unfinished_is_reported_in_the_language(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     def unfinished():
-        return ...
-    with pytest.raises(verdicts.NotDone) as raised:
-        verdicts.call_learner(unfinished)
-    line = language.verdict_line("2.1", verdicts.NOT_DONE, str(raised.value), "hi")
+        return Ellipsis  # no `...` in its source: found when it returns one
+    with pytest.raises(NotDone) as raised:
+        learner(unfinished)
+    line = language.verdict_line("2.1", NOT_DONE, str(raised.value), "hi")
     assert line == ("अभ्यास 2.1: अभी किया नहीं गया. unfinished अब भी `...` लौटाता है: "
                     "उसमें हर `...` की जगह अपना कोड लिखें, वह सेल चलाएँ, फिर यह जाँच "
                     "दोबारा चलाएँ।")

@@ -16,15 +16,17 @@ import torch
 from practice_support import assert_verdict
 
 from helpers.paths import REPO_ROOT
-from helpers.practice.verdicts import (
+from helpers.practice.core import (
     CORRECT,
     WRONG,
+    Exercise,
     Wrong,
-    call_learner,
+    as_number,
+    check,
     checker,
     explaining_warnings,
     is_unfinished,
-    whole_number,
+    learner,
 )
 
 PRACTICE = REPO_ROOT / "notebooks" / "practice"
@@ -56,9 +58,10 @@ def test_placeholders_are_found_in_values_containers_and_function_sources():
 
 
 def test_a_check_that_fails_itself_says_so_where_and_whom_to_tell(capsys):
-    @checker("0.1")
+    # a bug in the check, not in the answer
+    @checker(Exercise("0.1", lambda answer, _: {"expected": 42}["missing key"], 42))
     def check_crashes(answer):
-        return {"expected": 42}["missing key"]  # a bug in the check, not in the answer
+        """The answer is passed on as it is."""
 
     check_crashes(42)
     printed = capsys.readouterr().out
@@ -72,9 +75,10 @@ def test_a_check_that_fails_itself_says_so_where_and_whom_to_tell(capsys):
 
 
 def test_an_exception_in_the_learners_code_is_not_quite_in_one_sentence(capsys):
-    @checker("0.2")
+    @checker(Exercise("0.2", lambda answer, x: learner(answer, x), lambda x: x,
+                      configs=(1,), name="answer"))
     def check_calls(answer):
-        return f"it returned {call_learner(answer, 1)}"
+        """The answer is passed on as it is."""
 
     def answer(x):
         return {"a": 1}["b"]
@@ -88,15 +92,16 @@ def test_an_exception_in_the_learners_code_is_not_quite_in_one_sentence(capsys):
 
 
 def test_a_check_lets_warnings_through_unless_it_explains_them():
-    @checker("0.3")
-    def check_warns(answer):
+    def warns(answer, config):
         with explaining_warnings("old name") as explained:
             warnings.warn("the old name is deprecated", FutureWarning, stacklevel=1)
             warnings.warn("something else", UserWarning, stacklevel=1)
-        return f"explained {len(explained)}"
+        return len(explained)
 
+    warning = Exercise("0.3", warns, None, correct=lambda got, _: f"explained {got}")
     with pytest.warns(UserWarning, match="something else") as shown:
-        assert_verdict(check_warns.verdict(None), CORRECT, "explained 1")
+        # the answer is the intended one: measured once
+        assert_verdict(check(warning, None), CORRECT, "explained 1")
     assert [str(w.message) for w in shown] == ["something else"]
 
 
@@ -125,20 +130,20 @@ def test_explaining_warnings_shows_the_others_even_when_the_block_raises():
         torch.tensor(4724744.0, dtype=torch.float64, requires_grad=True),
     ],
 )
-def test_whole_number_accepts_anything_integral_or_equal_to_an_int(value):
+def test_a_whole_number_is_anything_integral_or_equal_to_an_int(value):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        number = whole_number(value, "bytes")
+        number = as_number(value, "bytes", whole=True)
     assert number == 4724744 and type(number) is int
 
 
 @pytest.mark.parametrize(
     "value, said",
-    [(float("nan"), "which is not a number"),
-     (np.float64("nan"), "which is not a number"),
-     (torch.tensor(float("nan")), "which is not a number"),
-     (float("inf"), "which is infinite"), (-math.inf, "which is infinite"),
-     (np.float32("inf"), "which is infinite"),
+    [(float("nan"), "nan: a division by zero"),
+     (np.float64("nan"), "nan: a division by zero"),
+     (torch.tensor(float("nan")), "nan: a division by zero"),
+     (float("inf"), "inf: a division by zero"), (-math.inf, "-inf: a division"),
+     (np.float32("inf"), "inf: a division by zero"),
      (2.5, "rounds up (math.ceil) or down (//)"), (Fraction(1, 3), "rounds up"),
      (True, "a truth value"), (np.bool_(False), "a truth value"),
      (torch.tensor(True), "a truth value"), ("256", "of type str"),
@@ -147,9 +152,9 @@ def test_whole_number_accepts_anything_integral_or_equal_to_an_int(value):
      (torch.empty((), device="meta"), "meta device"),
      (torch.tensor(1, device="meta"), "meta device")],
 )
-def test_whole_number_says_why_anything_else_is_not_one(value, said):
+def test_a_whole_number_says_why_anything_else_is_not_one(value, said):
     with pytest.raises(Wrong) as raised:
-        whole_number(value, "bytes")
+        as_number(value, "bytes", whole=True)
     assert str(raised.value).startswith(
         "bytes should be a whole number, but it is "
     ) and said in str(raised.value)
@@ -157,14 +162,16 @@ def test_whole_number_says_why_anything_else_is_not_one(value, said):
 
 
 def test_a_learners_nan_is_not_quite_never_a_check_that_failed_itself():
-    @checker("0.4")
+    @checker(Exercise("0.4", lambda answer, _: as_number(learner(answer), "count",
+                                                         whole=True),
+                      lambda: 12, correct=lambda got, _: f"{got:,} bytes"))
     def check_count(answer):
-        return f"{whole_number(call_learner(answer), 'count'):,} bytes"
+        """The answer is passed on as it is."""
 
-    assert_verdict(check_count.verdict(lambda: float("nan")), WRONG, "which is not a "
-                                                                     "number")
-    assert_verdict(check_count.verdict(lambda: float("-inf")), WRONG, "which is "
-                                                                      "infinite")
+    assert_verdict(check_count.verdict(lambda: float("nan")), WRONG,
+                   "count should be a whole number, but it is nan")
+    assert_verdict(check_count.verdict(lambda: float("-inf")), WRONG,
+                   "count should be a whole number, but it is -inf")
     assert_verdict(check_count.verdict(lambda: np.int64(3) * 4), CORRECT, "12 bytes")
 
 

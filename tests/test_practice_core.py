@@ -44,7 +44,7 @@ DOUBLE = Exercise(
 
 @checker(DOUBLE)
 def check_double(double):
-    return double
+    """``double(x)``: twice x."""
 
 
 def test_right_answers_pass_and_each_mistake_gets_its_own_hint():

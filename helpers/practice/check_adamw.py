@@ -99,7 +99,6 @@ ADAMW_STATE = prediction(
 @core.checker(ADAMW_STATE)
 def check_optimizer_state_size(adamw_state_bytes):
     """``adamw_state_bytes(shapes, dtype)``: AdamW's state after one step, in bytes."""
-    return adamw_state_bytes
 
 
 # --- 4.2: a 7B model's mixed-precision training budget ------------------------------
@@ -204,7 +203,6 @@ TRAINING_BUDGET = core.Exercise(
 def check_training_memory(training_bytes):
     """``training_bytes``: {part: bytes, FITS: True or False} for Llama-2-7B trained in
     mixed precision with AdamW."""
-    return training_bytes
 
 
 # --- 4.3: find the bug in an AdamW step ---------------------------------------------
@@ -304,7 +302,6 @@ FIXED_STEP = core.Exercise(
 def check_fixed_step(fixed_step):
     """``fixed_step(param, grad, state, lr, betas, eps, weight_decay)``: colleague_step
     with AdamW's decay."""
-    return fixed_step
 
 
 # --- 4.4: Adafactor's and 8-bit AdamW's state ---------------------------------------

@@ -16,15 +16,8 @@ from torch.utils.checkpoint import (
 )
 
 from helpers.memory import count_ops, measure_memory
-from helpers.practice.core import (
-    Exercise,
-    Wrong,
-    as_number,
-    checker,
-    close,
-    explaining_warnings,
-    learner,
-)
+from helpers.practice import core
+from helpers.practice.core import Wrong
 from helpers.practice.fixtures import fixed_batches, tiny_model
 from helpers.units import KiB
 
@@ -64,15 +57,15 @@ def predicted_or_measured(prediction, config):
     if not isinstance(prediction, dict) or set(prediction) != set(keys):
         raise Wrong('prediction should be a dict with the keys "kept_KiB", "A_runs" '
                     'and "B_runs", e.g. {"kept_KiB": 0, "A_runs": 1, "B_runs": 1}.')
-    numbers = {key: as_number(prediction[key], f'prediction["{key}"]',
-                              whole=key != "kept_KiB") for key in keys}
+    numbers = {key: core.as_number(prediction[key], f'prediction["{key}"]',
+                                   whole=key != "kept_KiB") for key in keys}
     return {key: "as measured" if number == region_measurements()[key] else number
             for key, number in numbers.items()}
 
 
 MUL_SAVES = ("checkpoint drops only what is saved inside its region; mul, outside it, "
              "saves both its inputs (dC/dA = B, dC/dB = A).")
-REGION = Exercise(
+REGION = core.Exercise(
     "1.1", measure=predicted_or_measured, name="prediction",
     intended={"kept_KiB": 2 * 128, "A_runs": 1, "B_runs": 1},  # A and B, 128 KiB each
     mistakes=[(f'kept_KiB = {kept}: {hint}', {"kept_KiB": kept, "A_runs": 1,
@@ -95,10 +88,9 @@ REGION = Exercise(
         "is not needed outside.").format(**region_measurements()))
 
 
-@checker(REGION)
+@core.checker(REGION)
 def check_region_before_b_prediction(prediction):
     """``prediction``: {"kept_KiB": n, "A_runs": n, "B_runs": n} for 1.1's graph."""
-    return prediction
 
 
 # --- 1.2: the switch in Transformers, a colleague's line fixed ----------------------
@@ -111,7 +103,8 @@ def backward_gradients(model, batch, seed=0):
     return [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
 
-all_close = close(rel=1e-5, abs_=1e-6)  # the same gradients, float32 rounding aside
+# the same gradients, float32 rounding aside
+all_close = core.close(rel=1e-5, abs_=1e-6)
 
 
 def switch_run(switch, batch_size):
@@ -120,11 +113,11 @@ def switch_run(switch, batch_size):
     (the random-number state preserved), the old name's warning, what it returned."""
     model, batch = tiny_model().train(), fixed_batches(batch_size, 1)[0]
     plain = backward_gradients(model, batch)
-    with explaining_warnings("gradient_checkpointing_enable",
-                             "use_reentrant") as warned:
-        returned = learner(switch, model)
+    with core.explaining_warnings("gradient_checkpointing_enable",
+                                  "use_reentrant") as warned:
+        returned = core.learner(switch, model)
         model.train()
-        kept = learner(measure_memory, lambda: model(**batch).loss).saved_bytes
+        kept = core.learner(measure_memory, lambda: model(**batch).loss).saved_bytes
         try:
             loss, parameters = model(**batch).loss, list(model.parameters())
             same = all_close(torch.autograd.grad(loss, parameters), plain)
@@ -165,7 +158,7 @@ REENTRANT = ("the reentrant checkpoint ran: your kwargs replaced Transformers' "
 OLD_NAME = ("gradient_checkpointing_enable is the deprecated name. Hint: "
             "activation_checkpointing_enable(activation_checkpointing_kwargs=...)")
 BOTH = {"use_reentrant": False, "preserve_rng_state": False}
-SWITCH = Exercise(
+SWITCH = core.Exercise(
     "1.2", measure=switch_run, configs=(4, 2), name="switch_on_checkpointing",
     intended=switch_with(activation_checkpointing_kwargs=BOTH),
     mistakes=[
@@ -190,7 +183,7 @@ SWITCH = Exercise(
         ("nothing changed: a function with yield returns a generator and never runs "
          "its body. Hint: remove the yield.", switch_in_a_generator)],
     error_hints=[("pin_memory", "leave offload=False, as the colleague asked (this "
-                  "torch build cannot pin host memory).")],
+                       "torch build cannot pin host memory).")],
     describe="call model.activation_checkpointing_enable(...) with both options in its "
     "kwargs, and change nothing else.", label="batches of {}",
     correct="every layer checkpointed: {kept_KiB} KiB kept for backward, the same "
@@ -198,11 +191,10 @@ SWITCH = Exercise(
     "masks: the random-number state was not copied (safe: the model has no dropout).")
 
 
-@checker(SWITCH)
+@core.checker(SWITCH)
 def check_switch_on_checkpointing(switch_on_checkpointing):
     """``switch_on_checkpointing(model)``: every layer, today's name, non-reentrant,
     preserve_rng_state=False."""
-    return switch_on_checkpointing
 
 
 # --- 1.3 and 1.4: a gated MLP block (Llama's, with biases) --------------------------
@@ -264,10 +256,10 @@ def policy_run(policy, rows):
         context_fn = partial(create_selective_checkpoint_contexts, recorded)
         return checkpoint(block, h, use_reentrant=False, context_fn=context_fn).sum()
 
-    kept = learner(measure_memory, loss).saved_bytes
-    _, backward = learner(count_ops, loss)
+    kept = core.learner(measure_memory, loss).saved_bytes
+    _, backward = core.learner(count_ops, loss)
     block.zero_grad(set_to_none=True)
-    learner(lambda: loss().backward())
+    core.learner(lambda: loss().backward())
     grads = [p.grad.clone() for p in block.parameters()]
     block.zero_grad(set_to_none=True)
     loss(checkpointed=False).backward()
@@ -311,9 +303,9 @@ def policy_with_a_toggle():
 
 ADDMM, SILU, MUL = (torch.ops.aten.addmm.default, torch.ops.aten.silu.default,
                     torch.ops.aten.mul.Tensor)
-POLICY = Exercise(
+POLICY = core.Exercise(
     "1.3", measure=policy_run, intended=keep_gate_and_up, configs=(128, 32),
-    name="keep_what_backward_reads", same=close(rel=1e-3),
+    name="keep_what_backward_reads", same=core.close(rel=1e-3),
     mistakes=[
         ("down_proj's output stayed too, and no backward reads it. Hint: ctx.op_output"
          "'s shape tells gate and up from down_proj.", policy_saving(ADDMM)),
@@ -333,11 +325,10 @@ POLICY = Exercise(
     "stay: early stop ends the recomputation before down_proj runs.")
 
 
-@checker(POLICY)
+@core.checker(POLICY)
 def check_gated_block_policy(policy):
     """``policy(ctx, op, *args, **kwargs)``: no matmul run again in backward, nothing
     kept that backward won't read."""
-    return policy
 
 
 # --- 1.4: a stack of gated blocks in segments ---------------------------------------
@@ -383,8 +374,8 @@ def stack_run(forward, case):
     blocks, h = gated_blocks(n_blocks, 32, 128, 256)
     with torch.no_grad():
         expected = run_blocks(blocks, h)
-    with explaining_warnings("use_reentrant", "requires_grad=True") as warned:
-        output = learner(forward, blocks, h, segments)
+    with core.explaining_warnings("use_reentrant", "requires_grad=True") as warned:
+        output = core.learner(forward, blocks, h, segments)
     if not isinstance(output, torch.Tensor) or output.shape != expected.shape:
         raise Wrong("checkpointed_forward should return the last block's output, a "
                     f"tensor of shape {tuple(expected.shape)}, but returned "
@@ -405,7 +396,7 @@ def stack_run(forward, case):
 
     blocks.zero_grad(set_to_none=True)
     try:
-        report = learner(measure_memory, loss)
+        report = core.learner(measure_memory, loss)
     finally:
         for hook in hooks:
             hook.remove()
@@ -428,7 +419,7 @@ def same_stack(got, expected):
         return got == expected
     got, expected = dict(got), dict(expected)
     peak, highest = got.pop("peak_KiB", 0), expected.pop("peak_KiB", 0)
-    return close(1e-3)(got, expected) and peak <= 1.01 * highest
+    return core.close(1e-3)(got, expected) and peak <= 1.01 * highest
 
 
 def by_pieces_of(size_of):
@@ -467,7 +458,7 @@ def detached(blocks, h, segments):
     return every_segment_checkpointed(blocks, h, segments).detach()
 
 
-SEGMENTS = Exercise(
+SEGMENTS = core.Exercise(
     "1.4", measure=stack_run, intended=every_segment_checkpointed,
     configs=((8, 4), (7, 3), (6, 4)), name="checkpointed_forward", same=same_stack,
     mistakes=[
@@ -497,8 +488,7 @@ SEGMENTS = Exercise(
     "a peak of {peak_KiB:.0f} KiB, each block recomputed once, identical gradients.")
 
 
-@checker(SEGMENTS)
+@core.checker(SEGMENTS)
 def check_checkpointed_segments(checkpointed_forward):
     """``checkpointed_forward(blocks, h, segments)``: the blocks in ``segments``
     balanced checkpointed segments."""
-    return checkpointed_forward

@@ -23,17 +23,8 @@ from accelerate.local_sgd import LocalSGD
 from helpers.collectives import CollectiveCounter, weight_gap
 from helpers.launcher import WorkerFailedError, WorkerTimeoutError, run_in_processes
 from helpers.local_sgd import measured
-from helpers.practice.core import (
-    Exercise,
-    LearnerRaised,
-    Raised,
-    Wrong,
-    as_number,
-    checker,
-    describe_error,
-    learner,
-    same_values,
-)
+from helpers.practice import core
+from helpers.practice.core import Wrong
 from helpers.training import LEARNING_RATE
 
 FEATURES, HIDDEN, WIDER, CLASSES = 8, 16, 24, 2  # 1,800 and 3,464 bytes of parameters
@@ -165,13 +156,13 @@ def run_loop(accelerator, loop, micro_batches, accumulation=1, hidden=HIDDEN):
 
 def worker(accelerator, jobs):
     """Each process runs each ``(measure, answer)``; an answer's exception (raised alike
-    on every process) is its result."""
+    on every process) is its result (a launch's results travel as JSON)."""
     results = []
     for measure, answer in jobs:
         try:
             results.append(measure(accelerator, answer))
         except Exception as error:
-            results.append({"raised": describe_error(error)})
+            results.append({"raised": core.describe_error(error)})
     return results
 
 
@@ -181,7 +172,8 @@ def launch(jobs, processes=2):
         with contextlib.redirect_stdout(io.StringIO()):
             return run_in_processes(worker, (jobs,), processes, preload=False)
     except WorkerFailedError as error:
-        raise LearnerRaised(error.worker_traceback.strip().splitlines()[-1]) from None
+        last_line = error.worker_traceback.strip().splitlines()[-1]
+        raise core.LearnerRaised(last_line) from None
     except WorkerTimeoutError:
         raise Wrong("the processes had not finished after minutes, and were stopped. "
                     "Hint: every process must issue the same collectives in the same "
@@ -211,7 +203,7 @@ def launched(exercise, measure, answer, processes=2):
 
 def unraised(result):
     if isinstance(result, dict) and "raised" in result:
-        raise LearnerRaised(result["raised"])
+        raise core.LearnerRaised(result["raised"])
     return result
 
 
@@ -251,15 +243,15 @@ def predicted(answer, config, name):
     """The answer's predictions for a group of cases (numbers, or pairs of them)."""
     def numbers(value):
         if isinstance(value, (tuple, list)):
-            return tuple(as_number(number, name) for number in value)
-        return as_number(value, name)
+            return tuple(core.as_number(number, name) for number in value)
+        return core.as_number(value, name)
     cases, hidden = config
-    return tuple(numbers(learner(answer, *case, parameter_bytes(hidden)))
+    return tuple(numbers(core.learner(answer, *case, parameter_bytes(hidden)))
                  for case in cases)
 
 
-def exact(got, expected):  # bytes are whole: a wrong count is off by a whole averaging
-    return same_values(got, expected, rel=0.0, abs_=0.5)
+# bytes are whole: a wrong count is off by a whole averaging
+exact = core.close(rel=0.0, abs_=0.5)
 
 
 def shown(value):  # 5,400 or (2,400, 3,600)
@@ -281,7 +273,7 @@ def described(got, expected, config, names=("steps", "local_sgd_steps")):
 P = 1800  # bytes of parameters of the classifier the notebook names
 NAMED = (f"your predictions fit the {P:,}-byte classifier the notebook names, not the "
          "wider one the check also runs. Hint: use the argument parameter_bytes.")
-PREDICT = Exercise(
+PREDICT = core.Exercise(
     number="3.1", name="predicted_bytes", intended=lesson_3_measured,
     measure=lambda answer, config: predicted(answer, config, "predicted_bytes"),
     configs=STEP_CASES, same=exact, describe=described,
@@ -307,12 +299,13 @@ PREDICT = Exercise(
         (NAMED, lambda s, k, p: (s // k + 1) * P)])
 
 
-@checker(PREDICT)
+@core.checker(PREDICT)
 def check_predicted_bytes(predicted_bytes):
-    return predicted_bytes
+    """``predicted_bytes(steps, local_sgd_steps, parameter_bytes)``: the bytes
+    lesson 3's loop all-reduces."""
 
 
-PREDICT_BOTH = Exercise(
+PREDICT_BOTH = core.Exercise(
     number="3.2", name="predicted_bytes_with_accumulation", intended=both_measured,
     measure=lambda answer, config: predicted(answer, config, PREDICT_BOTH.name),
     configs=ACCUMULATION_CASES, same=exact, describe=functools.partial(
@@ -339,9 +332,11 @@ PREDICT_BOTH = Exercise(
         (NAMED, lambda m, a, k, p: (m // a * P, (m // k + 1) * P))])
 
 
-@checker(PREDICT_BOTH)
+@core.checker(PREDICT_BOTH)
 def check_predicted_bytes_with_accumulation(predicted_bytes_with_accumulation):
-    return predicted_bytes_with_accumulation
+    """``predicted_bytes_with_accumulation(micro_batches,
+    gradient_accumulation_steps, local_sgd_steps, parameter_bytes)``: (DDP's bytes,
+    Local SGD's bytes)."""
 
 
 # --- 3.3: the misplaced lines
@@ -371,7 +366,7 @@ def differing_step(mine, its):
 
 
 def same_runs(got, expected):
-    if isinstance(got, Raised) or isinstance(expected, Raised):
+    if isinstance(got, core.Raised) or isinstance(expected, core.Raised):
         return got == expected
     return all(mine["sent"] == its["sent"] and mine["identical"] == its["identical"]
                and differing_step(mine, its) is None
@@ -404,7 +399,7 @@ def fix_described(got, expected, config):
             "misplaced lines, change nothing else.")
 
 
-FIX = Exercise(
+FIX = core.Exercise(
     number="3.3", name="fixed_train_loop", intended=lesson_loop(8),
     measure=lambda answer, config: launched(FIX, runs_of, answer),
     same=same_runs, describe=fix_described, error_hints=[
@@ -448,9 +443,10 @@ FIX = Exercise(
                      ("outputs =", "optimizer.zero_grad()" + LINE + "outputs =")))])
 
 
-@checker(FIX)
+@core.checker(FIX)
 def check_fixed_local_sgd_loop(fixed_train_loop):
-    return fixed_train_loop
+    """``fixed_train_loop(accelerator, model, optimizer, dataloader)``: exercise 3.3's
+    Local SGD loop, its misplaced lines moved."""
 
 
 # The name practice 3's notebooks call: practice 2 and 3 each check a fixed loop,
@@ -553,7 +549,7 @@ def average_edit(*edits):
 
 
 REDUCE = 'accelerator.reduce(flat, reduction="mean")'
-AVERAGING = Exercise(
+AVERAGING = core.Exercise(
     number="3.4", name="average_parameters", intended=from_source(AVERAGE),
     measure=lambda answer, config: launched(AVERAGING, probe, answer, processes=3),
     describe=average_described,
@@ -603,6 +599,7 @@ AVERAGING = Exercise(
                                              "if p.dim() > 1]")))])
 
 
-@checker(AVERAGING)
+@core.checker(AVERAGING)
 def check_average_parameters(average_parameters):
-    return average_parameters
+    """``average_parameters(accelerator, model)``: every parameter at its mean over
+    the processes, with one all-reduce."""

@@ -9,17 +9,8 @@ import torch
 
 from helpers.mixed_precision import DtypeCounter, dtype_name
 from helpers.optimizer_state import optimizer_state_size
-from helpers.practice import fixtures
-from helpers.practice.core import (
-    Exercise,
-    Raised,
-    Wrong,
-    as_number,
-    checker,
-    close,
-    learner,
-    returned,
-)
+from helpers.practice import core, fixtures
+from helpers.practice.core import Wrong
 from helpers.practice.fixtures import args_with
 
 # --- 5.1: which operations run in bfloat16 ----------------------------------------
@@ -102,7 +93,7 @@ def flipped(op):
     return {**AUTOCAST_DTYPES, op: other}
 
 
-PREDICTION = Exercise(
+PREDICTION = core.Exercise(
     "5.1", measure=mispredicted, intended=AUTOCAST_DTYPES, name="prediction",
     mistakes=[(f"{op} ran in {AUTOCAST_DTYPES[op]}, not {flipped(op)[op]}: "
                f"{WHY_5_1[op]}.", flipped(op)) for op in AUTOCAST_DTYPES],
@@ -112,10 +103,9 @@ PREDICTION = Exercise(
         f"in {dtype}" for dtype in ("bfloat16", "float32")) + ".")
 
 
-@checker(PREDICTION)
+@core.checker(PREDICTION)
 def check_autocast_prediction(prediction):
     """``prediction``: {operation: "bfloat16" or "float32"} under CPU autocast."""
-    return prediction
 
 
 # --- 5.2: bf16 in Trainer and in Accelerator ----------------------------------------
@@ -132,12 +122,12 @@ def bf16_setups_run(answer, config):
     make_training_args, make_accelerator = answer
     fixtures.learners_arguments(make_training_args)  # a form problem, said first
     with DtypeCounter() as counter:
-        trainer = learner(fixtures.trainer_run, 8, 8, make_args=make_training_args)
+        trainer = core.learner(fixtures.trainer_run, 8, 8, make_args=make_training_args)
     loss, batch = fixtures.logged_losses(trainer)[0], fixtures.fixed_batches(8, 1)[0]
     with fixtures.fresh_accelerate_state():
-        accelerator = returned(learner(make_accelerator), Accelerator,
-                               "make_accelerator")
-        model = learner(accelerator.prepare, fixtures.tiny_model())
+        accelerator = core.returned(core.learner(make_accelerator), Accelerator,
+                                    "make_accelerator")
+        model = core.learner(accelerator.prepare, fixtures.tiny_model())
         with DtypeCounter() as forward, torch.no_grad():
             outputs = model(**batch)
     return {"trainer": (matmul_dtypes(counter), loss),
@@ -151,12 +141,12 @@ def accelerator_with(**settings):  # make_accelerator as a learner writes it
     return lambda: Accelerator(**settings)
 
 
-SAME_RUN = close(rel=1e-5)  # the same computation; a float32 one differs by ~1e-3
+SAME_RUN = core.close(rel=1e-5)  # the same computation; a float32 one differs by ~1e-3
 
 
 BF16_ARGS = args_with(bf16=True, use_cpu=fixtures.ON_CPU)
 BF16_ACCELERATOR = accelerator_with(mixed_precision="bf16")
-BF16_SETUPS = Exercise(
+BF16_SETUPS = core.Exercise(
     "5.2", measure=bf16_setups_run,
     intended=(BF16_ARGS, BF16_ACCELERATOR),
     name="make_training_args and make_accelerator", same=SAME_RUN,
@@ -177,11 +167,10 @@ BF16_SETUPS = Exercise(
     "back to float32 (convert_outputs_to_fp32).")
 
 
-@checker(BF16_SETUPS)
+@core.checker(BF16_SETUPS)
 def check_bf16_setups(make_training_args, make_accelerator):
     """``make_training_args(output_dir)`` and ``make_accelerator()``: bfloat16 mixed
     precision in both."""
-    return make_training_args, make_accelerator
 
 
 # --- 5.3: bytes per parameter of two recipes ----------------------------------------
@@ -242,7 +231,7 @@ WRONG_BYTES = [  # (which answer, a wrong count, what it counted)
 def bytes_or_measured(answer, config):
     """Each answer, or "as measured" within a tenth of a byte of the real step: AdamW's
     step counters add 0.001 bytes; the nearest mistake is 2 bytes away."""
-    numbers = map(as_number, answer, BYTES_NAMES)
+    numbers = map(core.as_number, answer, BYTES_NAMES)
     return tuple("as measured" if abs(number - held) < 0.1 else number
                  for number, held in zip(numbers, measured_recipes()))
 
@@ -257,7 +246,7 @@ def describe_bytes(got, expected, config):
         if number != "as measured")
 
 
-BYTES = Exercise(
+BYTES = core.Exercise(
     "5.3", measure=bytes_or_measured, intended=RIGHT_BYTES, describe=describe_bytes,
     name="pure_bf16_adamw_bytes and accelerate_bf16_sgd_bytes",
     mistakes=[(f"{BYTES_NAMES[which]} = {wrong}: {why}",
@@ -270,10 +259,9 @@ BYTES = Exercise(
             *measured_recipes()))
 
 
-@checker(BYTES)
+@core.checker(BYTES)
 def check_bytes_per_parameter(pure_bf16_adamw_bytes, accelerate_bf16_sgd_bytes):
     """Bytes per parameter held between steps by two recipes."""
-    return pure_bf16_adamw_bytes, accelerate_bf16_sgd_bytes
 
 
 # --- 5.4: a float16 loop with a GradScaler, and gradient clipping -----------------
@@ -326,7 +314,7 @@ def float16_run(loop, max_grad_norm):
     optimizer.register_step_post_hook(lambda *args: steps.append(1))
     scaler = torch.amp.GradScaler(fixtures.DEVICE.type, init_scale=INIT_SCALE)
     batches = fixtures.fixed_batches(BATCH, STEPS)
-    learner(loop, model, optimizer, scaler, batches, max_grad_norm)
+    core.learner(loop, model, optimizer, scaler, batches, max_grad_norm)
     return {"update": (flat_parameters(model) - start).float().cpu(),
             "steps": len(steps), "scale": scaler.get_scale()}
 
@@ -335,7 +323,7 @@ def same_training(got, expected):
     """The same steps and scale, and updates within 1 % of each other's size: right
     answers differ by 3e-4 to 7e-4 of it (float16 rounding amplifies clip_grad_norm_'s
     1e-6), every mistake by more than 100 % (tests/test_practice_05.py)."""
-    if isinstance(got, Raised) or isinstance(expected, Raised):
+    if isinstance(got, core.Raised) or isinstance(expected, core.Raised):
         return got == expected
     a, b = got["update"], expected["update"]
     return (got["steps"] == expected["steps"] and got["scale"] == expected["scale"]
@@ -353,7 +341,7 @@ def describe_float16(got, expected, max_grad_norm):
             "scaler.update(), zero_grad().")
 
 
-FLOAT16_LOOP = Exercise(
+FLOAT16_LOOP = core.Exercise(
     "5.4", measure=float16_run, intended=intended_float16_loop, configs=(1.0, 0.25),
     name="train_float16", same=same_training, describe=describe_float16,
     mistakes=[
@@ -391,8 +379,7 @@ FLOAT16_LOOP = Exercise(
     "intended loop did, with max_grad_norm 1.0 and 0.25.")
 
 
-@checker(FLOAT16_LOOP)
+@core.checker(FLOAT16_LOOP)
 def check_float16_loop(train_float16):
     """``train_float16(model, optimizer, scaler, batches, max_grad_norm)``: float16 with
     a GradScaler, clipped."""
-    return train_float16

@@ -8,16 +8,7 @@ import torch
 import torch.distributed as dist
 
 from helpers.launcher import WorkerFailedError, WorkerTimeoutError, run_in_processes
-from helpers.practice.core import (
-    Exercise,
-    Raised,
-    Wrong,
-    as_number,
-    cached_outcome,
-    checker,
-    close,
-    learner,
-)
+from helpers.practice import core
 from helpers.units import MiB
 
 STAGES = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3")
@@ -35,17 +26,18 @@ def formula_bytes(stage, parameters, n, split=SPLIT, per_parameter=FLOAT32_ADAMW
 # --- 6.1: bytes per process
 def _per_stage(answer, config):
     parameters, n = config
-    return {stage: as_number(learner(answer, stage, parameters, n),
-                             f"bytes_per_process({stage!r}, {parameters:,}, {n})")
+    return {stage: core.as_number(core.learner(answer, stage, parameters, n),
+                                  f"bytes_per_process({stage!r}, {parameters:,}, {n})")
             for stage in STAGES}
 
 
 def _splitting(**split):  # a mistake: a stage that splits other parts
     return lambda stage, p, n: formula_bytes(stage, p, n, {**SPLIT, **split})
 
-BYTES = Exercise(
+BYTES = core.Exercise(
     "6.1", _per_stage, intended=formula_bytes, name="bytes_per_process",
-    configs=((65_783_042, 2), (7_000_000_000, 8), (1_200, 3)), same=close(rel=1e-4),
+    configs=((65_783_042, 2), (7_000_000_000, 8), (1_200, 3)),
+    same=core.close(rel=1e-4),
     mistakes=(
         ("ZeRO-2 splits the gradients and the optimizer state; every process still "
          "keeps all the weights. Splitting the weights too is ZeRO-3.",
@@ -66,9 +58,10 @@ BYTES = Exercise(
 )
 
 
-@checker(BYTES)
+@core.checker(BYTES)
 def check_bytes_per_process(bytes_per_process):
-    return bytes_per_process
+    """``bytes_per_process(stage, parameters, n)``: the bytes one of ``n`` processes
+    holds between steps."""
 
 
 # --- 6.2: the first stage that fits
@@ -79,14 +72,14 @@ def first_fitting(parameters, n, gpu_bytes, activation_bytes):
 
 
 def _stage_of(answer, config):
-    stage = learner(answer, *config)
+    stage = core.learner(answer, *config)
     if stage not in (*STAGES, None):
-        raise Wrong(f"first_stage_that_fits{config} returned {stage!r}; it should "
-                    f"return one of {', '.join(map(repr, STAGES))}, or None.")
+        raise core.Wrong(f"first_stage_that_fits{config} returned {stage!r}; it should "
+                         f"return one of {', '.join(map(repr, STAGES))}, or None.")
     return stage
 
 
-FITS = Exercise(
+FITS = core.Exercise(
     "6.2", _stage_of, intended=first_fitting, name="first_stage_that_fits",
     configs=((1.3e9, 8, 24e9, 2e9), (7e9, 8, 80e9, 10e9), (7e9, 8, 80e9, 20e9),
              (13e9, 8, 80e9, 10e9), (7e9, 64, 80e9, 20e9), (70e9, 8, 80e9, 10e9)),
@@ -109,9 +102,10 @@ FITS = Exercise(
 )
 
 
-@checker(FITS)
+@core.checker(FITS)
 def check_first_stage_that_fits(first_stage_that_fits):
-    return first_stage_that_fits
+    """``first_stage_that_fits(parameters, n, gpu_bytes, activation_bytes)``: the
+    first stage, from DDP to ZeRO-3, that fits; else None."""
 
 
 # --- 6.3: a full checkpoint of a sharded model
@@ -154,15 +148,15 @@ def _saved(answer, config):
             return run_in_processes(saving_worker, (answer, f"{folder}/model.pt"),
                                     timeout_s=90, collective_timeout_s=6)
         except WorkerTimeoutError:
-            return Raised("WorkerTimeoutError: the processes never finished")
+            return core.Raised("WorkerTimeoutError: the processes never finished")
         except WorkerFailedError as error:
             last = error.worker_traceback.strip().splitlines()[-1]
             # gloo's words for a collective a peer never joined: the waiting process
             # times out, or its peer sees the connection close as the other exits
             waited = any(text in error.worker_traceback for text in
                          ("Timed out", "by peer", "pair closure"))
-            return Raised("RuntimeError: a collective timed out: a process never "
-                          "joined it" if waited else last)
+            return core.Raised("RuntimeError: a collective timed out: a process never "
+                               "joined it" if waited else last)
 
 
 def gathered_save(model, path):
@@ -177,7 +171,7 @@ def local_save(model, path):  # a usual wrong answer: this process's slices only
         torch.save({k: v.to_local() for k, v in model.state_dict().items()}, path)
 
 
-CHECKPOINT = Exercise(
+CHECKPOINT = core.Exercise(
     "6.3", _saved, intended=gathered_save, name="fixed_save",
     mistakes=(
         ("the state dict of a `fully_shard` model holds DTensors, each process's "
@@ -188,7 +182,7 @@ CHECKPOINT = Exercise(
     ),
     error_hints=tuple((text, "only process 0 gathered: an all-gather waits for every "
                        "process, so gather in every process and write in one.")
-                      for text in ("never finished", "timed out")),
+                           for text in ("never finished", "timed out")),
     describe=lambda got, expected, config: (
         f"the file held {got}; a full checkpoint holds {expected}. Hint: every entry "
         "a plain tensor of the full shape, equal to the model's weights."),
@@ -196,11 +190,12 @@ CHECKPOINT = Exercise(
 )
 
 
-@checker(CHECKPOINT)
+@core.checker(CHECKPOINT)
 def check_fixed_save(fixed_save):
-    return fixed_save
+    """``fixed_save(model, path)``: a full checkpoint of a sharded model, called by
+    every process."""
 
 
 def run_colleague_save():
     """What the colleague's file holds: the symptom of exercise 6.3 (measured once)."""
-    return cached_outcome(CHECKPOINT, 0, 0)
+    return core.cached_outcome(CHECKPOINT, 0, 0)

@@ -12,21 +12,11 @@ import torch.nn.functional as F
 
 from helpers.data import make_dataloader
 from helpers.models import flat_parameters
-from helpers.practice import core
-from helpers.practice.fixtures import (
-    ON_CPU,
-    args_with,
-    fixed_batches,
-    fresh_accelerate_state,
-    learners_arguments,
-    logged_losses,
-    tiny_model,
-    trainer_run,
-    training_examples,
-)
+from helpers.practice import core, fixtures
 from helpers.random_state import global_random_state_kept
 
-WEIGHTS_TOLERANCE = 1e-5 if ON_CPU else 1e-4  # float32 rounding in a step or two
+# float32 rounding in a step or two
+WEIGHTS_TOLERANCE = 1e-5 if fixtures.ON_CPU else 1e-4
 
 
 # --- 2.1: the slide's batch on a smaller GPU ---------------------------------------
@@ -39,7 +29,7 @@ def measure_arguments(make_training_args, config):
     given the deprecated name, and what one Trainer step with their batch and
     checkpointing settings did (``trained``)."""
     with core.explaining_warnings(OLD_NAME) as warnings:
-        args = learners_arguments(make_training_args)
+        args = fixtures.learners_arguments(make_training_args)
     micro_batch, accumulation = (args.per_device_train_batch_size,
                                  args.gradient_accumulation_steps)
     if micro_batch * accumulation > 512:  # too many to train here, and wrong anyway
@@ -61,7 +51,7 @@ def trained(micro_batch, accumulation, checkpointing, checkpointing_kwargs):
     layer's first module ran per forward pass (2: recomputed in backward)."""
     from transformers.modeling_layers import GradientCheckpointingLayer
 
-    model, rows, runs = tiny_model(), [], collections.Counter()
+    model, rows, runs = fixtures.tiny_model(), [], collections.Counter()
     model.register_forward_pre_hook(
         lambda module, args, kwargs: rows.append(len(kwargs["input_ids"])),
         with_kwargs=True)
@@ -69,18 +59,18 @@ def trained(micro_batch, accumulation, checkpointing, checkpointing_kwargs):
     for index, layer in enumerate(layers):  # its first module runs inside its
         next(layer.children()).register_forward_pre_hook(  # checkpoint: recomputes
             lambda module, args, index=index: runs.update([index]))  # counted too
-    trainer_run(micro_batch * accumulation, micro_batch, accumulation, model=model,
-                activation_checkpointing=checkpointing,
-                activation_checkpointing_kwargs=checkpointing_kwargs)
+    fixtures.trainer_run(micro_batch * accumulation, micro_batch, accumulation,
+                         model=model, activation_checkpointing=checkpointing,
+                         activation_checkpointing_kwargs=checkpointing_kwargs)
     return {"micro-batches": tuple(rows), "runs per micro-batch": tuple(
         runs[index] / len(rows) for index in range(len(layers)))}
 
 
 def arguments(**changed):
     """A learner's make_training_args: the intended settings, ``changed``."""
-    return args_with(**{**dict(eval_strategy="epoch", per_device_train_batch_size=8,
-                               gradient_accumulation_steps=8,
-                               activation_checkpointing=True), **changed})
+    return fixtures.args_with(**{**dict(
+        eval_strategy="epoch", per_device_train_batch_size=8,
+        gradient_accumulation_steps=8, activation_checkpointing=True), **changed})
 
 
 TRAINING_ARGUMENTS = core.Exercise(
@@ -119,7 +109,6 @@ TRAINING_ARGUMENTS = core.Exercise(
 def check_training_arguments(make_training_args):
     """``make_training_args(output_dir)``: 64 examples a step in micro-batches of 8,
     checkpointed, eval per epoch."""
-    return make_training_args
 
 
 # --- 2.2: predict what Trainer logs -------------------------------------------------
@@ -133,19 +122,20 @@ SETTINGS, MICRO_BATCHES = ((4, True), (4, False), (3, True), (3, False)), 10
 def micro_batch_losses():
     """Each micro-batch's loss, at the weights Trainer starts from (learning rate 0)."""
     with torch.no_grad():
-        model = tiny_model()
+        model = fixtures.tiny_model()
         return [model(**batch).loss.item()
-                for batch in fixed_batches(16, MICRO_BATCHES)]
+                for batch in fixtures.fixed_batches(16, MICRO_BATCHES)]
 
 
 def trainer_logs(micro_batch_losses, accumulation, accepts_loss_kwargs):
     """The intended answer, measured: the losses a real Trainer logs over one epoch of
     the micro-batches at learning rate 0 (it reads no prediction)."""
-    model = tiny_model()
+    model = fixtures.tiny_model()
     model.accepts_loss_kwargs = accepts_loss_kwargs
-    return logged_losses(trainer_run(16 * MICRO_BATCHES, 16, accumulation, model=model,
-                                     steps=-(-MICRO_BATCHES // accumulation),
-                                     learning_rate=0.0))
+    run = fixtures.trainer_run(16 * MICRO_BATCHES, 16, accumulation, model=model,
+                               steps=-(-MICRO_BATCHES // accumulation),
+                               learning_rate=0.0)
+    return fixtures.logged_losses(run)
 
 
 def measure_predictions(predict, setting):
@@ -199,7 +189,6 @@ LOGS = core.Exercise(
 def check_logged_loss_prediction(predict_logged_losses):
     """``predict_logged_losses(micro_batch_losses, accumulation, accepts_loss_kwargs)``:
     the losses Trainer logs, one per optimizer step."""
-    return predict_logged_losses
 
 
 # --- 2.3: find the two bugs in an accumulation loop ---------------------------------
@@ -214,14 +203,15 @@ def measure_loop(loop, accumulation):
     optimizer step, and the losses it returned (a list), else what it returned."""
     from accelerate import Accelerator
 
-    model = tiny_model(seed=1)
+    model = fixtures.tiny_model(seed=1)
     optimizer = torch.optim.SGD(model.parameters(), lr=LOOP_LEARNING_RATE)
     rates = []  # one per real step: Accelerate skips the calls that only accumulate
     optimizer.register_step_pre_hook(
         lambda optimizer, args, kwargs: rates.append(optimizer.param_groups[0]["lr"]))
-    examples, tokenizer = training_examples(2 * accumulation * 8)
-    with fresh_accelerate_state():
-        accelerator = Accelerator(gradient_accumulation_steps=accumulation, cpu=ON_CPU)
+    examples, tokenizer = fixtures.training_examples(2 * accumulation * 8)
+    with fixtures.fresh_accelerate_state():
+        accelerator = Accelerator(gradient_accumulation_steps=accumulation,
+                                  cpu=fixtures.ON_CPU)
         accelerator.sync_gradients = True  # as in a fresh process, whatever ran before
         prepared = accelerator.prepare(model, optimizer,
                                        make_dataloader(examples, tokenizer, 8))
@@ -320,7 +310,6 @@ LOOP = core.Exercise(
 def check_fixed_accumulation_loop(fixed_loop):
     """``fixed_loop(accelerator, model, optimizer, dataloader)``: exercise 2.3's loop,
     its bugs fixed."""
-    return fixed_loop
 
 
 check_fixed_loop = check_fixed_accumulation_loop  # the name practice 2 calls
@@ -350,18 +339,18 @@ def measure_loss_function(step_mean_loss, config):
     """The weights after one Trainer step with ``step_mean_loss``, and the loss it
     logged."""
     examples, accumulation = config
-    trainer = core.learner(trainer_run, examples, 16, accumulation, **SGD,
+    trainer = core.learner(fixtures.trainer_run, examples, 16, accumulation, **SGD,
                            compute_loss_func=step_mean_loss)
     return {"weights": flat_parameters(trainer.model).cpu(),
-            "logged": logged_losses(trainer)[0]}
+            "logged": fixtures.logged_losses(trainer)[0]}
 
 
 @functools.cache
 def one_big_step(examples):
     """The weights after one plain SGD step on all ``examples`` at once (lesson 2's
     claim, measured)."""
-    model = tiny_model()
-    model(**fixed_batches(examples, 1)[0]).loss.backward()
+    model = fixtures.tiny_model()
+    model(**fixtures.fixed_batches(examples, 1)[0]).loss.backward()
     torch.optim.SGD(model.parameters(), lr=SGD["learning_rate"]).step()
     return flat_parameters(model).cpu()
 
@@ -424,4 +413,3 @@ UNEVEN = core.Exercise(
 def check_step_mean_loss(step_mean_loss):
     """``step_mean_loss(outputs, labels, num_items_in_batch)``: Trainer's
     compute_loss_func for uneven micro-batches."""
-    return step_mean_loss

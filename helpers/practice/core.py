@@ -107,13 +107,19 @@ class Exercise:
 
 
 def checker(exercise):
-    """Turn ``answer_of(*learner_args) -> answer`` into the learner's check: it prints
-    ``check(exercise, answer)``; its ``.verdict(...)`` returns the Verdict (tests)."""
-    def decorate(answer_of):
-        @functools.wraps(answer_of)
+    """Turn a function that only names the check and its parameters (its body: a
+    docstring) into the learner's check. The answer is its one argument, or the tuple
+    of them; the check prints ``check(exercise, answer)``, and its ``.verdict(...)``
+    returns the Verdict (for the tests)."""
+    def decorate(named):
+        def verdict(*args, **kwargs):
+            given = inspect.signature(named).bind(*args, **kwargs).arguments.values()
+            return check(exercise, (*given,) if len(given) > 1 else next(iter(given)))
+
+        @functools.wraps(named)
         def show(*args, **kwargs):
-            print(show.verdict(*args, **kwargs))
-        show.verdict = lambda *args, **kw: check(exercise, answer_of(*args, **kw))
+            print(verdict(*args, **kwargs))
+        show.verdict = verdict
         return show
     return decorate
 
