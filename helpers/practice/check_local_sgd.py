@@ -25,6 +25,7 @@ from helpers.launcher import WorkerFailedError, WorkerTimeoutError, run_in_proce
 from helpers.local_sgd import measured
 from helpers.practice import core
 from helpers.practice.core import Wrong
+from helpers.practice.fixtures import accelerate_loop as ddp_loop  # no LocalSGD
 from helpers.training import LEARNING_RATE
 
 FEATURES, HIDDEN, WIDER, CLASSES = 8, 16, 24, 2  # 1,800 and 3,464 bytes of parameters
@@ -94,14 +95,6 @@ def fixed_train_loop(accelerator, model, optimizer, dataloader):
 @functools.cache
 def lesson_loop(k):  # lesson 3's loop: local_sgd.step() after each zero_grad
     return from_source(FIXED_LOOP, ("local_sgd_steps=8", f"local_sgd_steps={k}"))
-
-
-def ddp_loop(accelerator, model, optimizer, dataloader):  # the same without LocalSGD
-    for batch in dataloader:
-        with accelerator.accumulate(model):
-            accelerator.backward(model(**batch).loss)
-            optimizer.step()
-            optimizer.zero_grad()
 
 
 def prepared(accelerator, micro_batches, accumulation=1, hidden=HIDDEN):
@@ -190,18 +183,14 @@ def launched(exercise, measure, answer, processes=2):
     if not callable(answer):
         raise Wrong(f"{exercise.name} should be a function, not {answer!r}. Hint: give "
                     "its name, without calling it.")
-    if (exercise, answer) not in _references:
+    result = _references.get((exercise, answer))
+    if result is None:  # the learner's answer is measured anew each time
         todo = [answer] + [f for f in known
                            if (exercise, f) not in _references and f is not answer]
         results = launch([(measure, f) for f in todo], processes)
-        _references.update({(exercise, f): r for f, r in zip(todo[1:], results[1:])})
-        if answer not in known:  # the learner's, measured anew each time
-            return unraised(results[0])
-        _references[(exercise, answer)] = results[0]
-    return unraised(_references[(exercise, answer)])
-
-
-def unraised(result):
+        _references.update({(exercise, f): r for f, r in zip(todo, results)
+                            if f in known})
+        result = results[0]
     if isinstance(result, dict) and "raised" in result:
         raise core.LearnerRaised(result["raised"])
     return result
@@ -544,10 +533,6 @@ def average_described(got, expected, config):
             "one all-reduce, nothing else.")
 
 
-def average_edit(*edits):
-    return from_source(AVERAGE, *edits)
-
-
 REDUCE = 'accelerator.reduce(flat, reduction="mean")'
 AVERAGING = core.Exercise(
     number="3.4", name="average_parameters", intended=from_source(AVERAGE),
@@ -561,42 +546,43 @@ AVERAGING = core.Exercise(
     mistakes=[
         ("the parameters hold the sum over the processes, not the mean: "
          "accelerator.reduce sums unless told. Hint: reduction=\"mean\".",
-         average_edit((REDUCE, "accelerator.reduce(flat)"))),
+         from_source(AVERAGE, (REDUCE, "accelerator.reduce(flat)"))),
         ("the parameters hold the sum divided by 2, but this check runs 3 processes. "
          "Hint: divide by accelerator.num_processes.",
-         average_edit((REDUCE, "accelerator.reduce(flat) / 2"))),
+         from_source(AVERAGE, (REDUCE, "accelerator.reduce(flat) / 2"))),
         ("the parameters hold the mean divided once more by the number of processes: "
          "reduction=\"mean\" already divides. Hint: divide once.",
-         average_edit((REDUCE, REDUCE + " / accelerator.num_processes"))),
+         from_source(AVERAGE, (REDUCE, REDUCE + " / accelerator.num_processes"))),
         ("your function left the parameters as they were: it averaged a flat copy "
          "(parameters_to_vector makes one). Hint: copy it back with "
          "vector_to_parameters(flat, model.parameters()).",
-         average_edit(("\n        torch.nn.utils.vector_to_parameters(flat, "
-                       "model.parameters())", ""))),
+         from_source(AVERAGE, ("\n        torch.nn.utils.vector_to_parameters(flat, "
+                                   "model.parameters())", ""))),
         ("you all-reduce one tensor at a time, as LocalSGD does. Hint: put all the "
          "parameters in one flat tensor first (parameters_to_vector).",
-         average_edit(("flat = torch", "for p in model.parameters():\n"
-                       "            p.copy_(accelerator.reduce(p, reduction='mean'))\n"
-                       "        flat = torch"), (REDUCE, "flat"))),
+         from_source(AVERAGE, ("flat = torch", "for p in model.parameters():\n"
+                               "            p.copy_(accelerator.reduce(p, "
+                               "reduction='mean'))\n        flat = torch"),
+                     (REDUCE, "flat"))),
         ("the parameters are near their mean but rounded: you all-reduced a "
          "lower-precision copy (bfloat16, float16). Hint: all-reduce them in float32.",
-         average_edit(("vector(model.parameters())",
-                       "vector(model.parameters()).bfloat16()"),
-                      ("(flat, model", "(flat.float(), model"))),
+         from_source(AVERAGE, ("vector(model.parameters())",
+                               "vector(model.parameters()).bfloat16()"),
+                     ("(flat, model", "(flat.float(), model"))),
         ("your function left the parameters in float64; they were float32, and the "
          "next forward pass would fail. Hint: copy the mean back in float32.",
-         average_edit(("(flat, model", "(flat.double(), model"))),
+         from_source(AVERAGE, ("(flat, model", "(flat.double(), model"))),
         ("a gather receives every process's copy, 3 times the bytes. Hint: one "
          "all-reduce sums them in place, and every process gets the sum.",
-         average_edit((REDUCE, "accelerator.gather(flat[None]).mean(dim=0)"))),
+         from_source(AVERAGE, (REDUCE, "accelerator.gather(flat[None]).mean(dim=0)"))),
         ("after the all-reduce every process already holds the mean: the broadcast "
          "sends it once more. Hint: one all-reduce, nothing else.",
-         average_edit((REDUCE, REDUCE + "\n        torch.distributed.broadcast(flat, "
-                                 "0)"))),
+         from_source(AVERAGE, (REDUCE, REDUCE + "\n        torch.distributed."
+                                       "broadcast(flat, 0)"))),
         ("the biases kept their own values. Hint: average every parameter tensor "
          "(model.parameters() yields weights and biases).",
-         average_edit(("model.parameters()", "[p for p in model.parameters() "
-                                             "if p.dim() > 1]")))])
+         from_source(AVERAGE, ("model.parameters()", "[p for p in model.parameters() "
+                                                     "if p.dim() > 1]")))])
 
 
 @core.checker(AVERAGING)

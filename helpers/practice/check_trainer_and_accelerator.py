@@ -260,14 +260,6 @@ def accumulate_by_hand(backward, zero_grad_after="micro-batch"):
     return loop
 
 
-def lessons_loop(accelerator, model, optimizer, dataloader):  # returns nothing
-    for batch in dataloader:
-        with accelerator.accumulate(model):
-            accelerator.backward(model(**batch).loss)
-            optimizer.step()
-            optimizer.zero_grad()
-
-
 def smaller_learning_rate(accelerator, model, optimizer, dataloader):
     for group in optimizer.param_groups:
         group["lr"] /= accelerator.gradient_accumulation_steps
@@ -298,7 +290,7 @@ LOOP = core.Exercise(
         ("you lowered the learning rate: that moves plain SGD as averaging does, but "
          "not AdamW. Hint: leave it; average the gradients.", smaller_learning_rate),
         ("the weights are right, but fixed_loop returned None: return step_losses, "
-         "each optimizer step's mean loss.", lessons_loop)],
+         "each optimizer step's mean loss.", fixtures.accelerate_loop)],
     describe="each step must use the mean gradient of its micro-batches, and return "
     "each step's mean loss.",
     same=core.close(rel=1e-4, abs_=WEIGHTS_TOLERANCE),  # mistakes move weights 5e-2+

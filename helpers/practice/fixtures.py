@@ -115,3 +115,12 @@ def trainer_run(examples, micro_batch_size, accumulation=1, make_args=None,
 def logged_losses(trainer):
     """The training losses ``trainer`` logged, one per optimizer step."""
     return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+
+
+def accelerate_loop(accelerator, model, optimizer, dataloader):
+    """Lesson 2's Accelerate loop (it returns nothing): 2.3's and 3.1's plain DDP."""
+    for batch in dataloader:
+        with accelerator.accumulate(model):
+            accelerator.backward(model(**batch).loss)
+            optimizer.step()
+            optimizer.zero_grad()
