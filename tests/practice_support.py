@@ -5,7 +5,14 @@ import random
 import numpy as np
 import torch
 
-from helpers.practice.core import CORRECT, WRONG, Verdict, cached_outcome, check
+from helpers.practice.core import (
+    CORRECT,
+    WRONG,
+    Verdict,
+    agree,
+    cached_outcome,
+    check,
+)
 
 
 def assert_verdict(verdict, status, *fragments):
@@ -38,6 +45,6 @@ def assert_judged(exercise, *right_answers):
     for first in range(n):
         for second in range(first + 1, n):
             assert not all(
-                exercise.same(cached_outcome(exercise, first, index),
-                              cached_outcome(exercise, second, index))
+                agree(exercise, cached_outcome(exercise, first, index),
+                      cached_outcome(exercise, second, index))
                 for index in range(len(exercise.configs))), (first, second)

@@ -64,9 +64,8 @@ class Raised:  # the outcome of an answer that raised: ``Type: its first sentenc
 
 def same_values(got, expected, rel=1e-6, abs_=1e-9):
     """Whether two outcomes agree: numbers within ``rel``/``abs_``, tensors elementwise
-    (inf and NaN in the same places), containers item by item, anything else by ==."""
-    if isinstance(got, Raised) or isinstance(expected, Raised):
-        return got == expected
+    (inf and NaN in the same places), containers item by item, anything else by ==.
+    Exceptions (Raised) are compared by ``agree``, before any ``same``."""
     if hasattr(got, "is_floating_point") and hasattr(expected, "is_floating_point"):
         return (got.shape == expected.shape and got.dtype == expected.dtype
                 and got.float().allclose(expected.float(), rel, abs_, equal_nan=True))
@@ -141,7 +140,12 @@ def check(exercise, answer):
         return Verdict(exercise.number, WRONG, str(reason))
     # the learner's exceptions arrive as Raised outcomes: this one is the check's own
     except Exception as error:
-        return Verdict(exercise.number, CHECK_FAILED, check_failure_report(error))
+        return Verdict(exercise.number, CHECK_FAILED, (
+            "this is a bug in the check, not in your answer: "
+            f"{describe_error(error)}, raised at "
+            f"{getattr(error, 'where', '') or where_raised(error)}. Please report "
+            "it, with this message, to the course maintainers (in the course's issue "
+            "tracker)."))
 
 
 def judge(exercise, answer):
@@ -165,11 +169,11 @@ def judge(exercise, answer):
             bug = RuntimeError(f"the intended answer raised {expected.error}")
             bug.where = expected.where
             raise bug
-        if exercise.same(got, expected):
+        if agree(exercise, got, expected):
             continue
         mistaken = [answer_outcome(i) for i in configs]
         for mistake, (hint, _) in enumerate(exercise.mistakes):
-            if all(exercise.same(mistaken[i], cached_outcome(exercise, mistake, i))
+            if all(agree(exercise, mistaken[i], cached_outcome(exercise, mistake, i))
                    for i in configs):
                 return WRONG, (f"calling {exercise.name} raised {got.error}: {hint}"
                                if isinstance(got, Raised) else hint)
@@ -186,6 +190,14 @@ def judge(exercise, answer):
     if callable(exercise.correct):
         return CORRECT, exercise.correct(first, exercise.configs[0])
     return CORRECT, exercise.correct.format(**first if isinstance(first, dict) else {})
+
+
+def agree(exercise, got, expected):
+    """Whether two outcomes agree by ``exercise.same``; an exception (Raised) agrees
+    only with the same exception."""
+    if isinstance(got, Raised) or isinstance(expected, Raised):
+        return got == expected
+    return exercise.same(got, expected)
 
 
 _outcomes = {}  # (exercise, "intended" or a mistake's index, config index) -> outcome
@@ -309,15 +321,6 @@ def describe_error(error):
     """``Type: first line of the message`` (or only the type), one line."""
     message = str(error).strip().splitlines()[0] if str(error).strip() else ""
     return f"{type(error).__name__}: {message}" if message else type(error).__name__
-
-
-def check_failure_report(error):
-    """An exception in the check's own code: what, where, whom to tell."""
-    return ("this is a bug in the check, not in your answer: "
-            f"{describe_error(error)}, raised at "
-            f"{getattr(error, 'where', '') or where_raised(error)}. Please report "
-            "it, with this message, to the course maintainers (in the course's issue "
-            "tracker).")
 
 
 def where_raised(error):
