@@ -40,10 +40,9 @@ class Verdict:
     message: str
 
     def __str__(self):
-        first_word = self.message.split(" ", 1)[0]
-        starts_with_a_name = "_" in first_word or "(" in first_word or "`" in first_word
-        message = (self.message if starts_with_a_name
-                   else self.message[:1].upper() + self.message[1:])
+        message, first_word = self.message, self.message.split(" ", 1)[0]
+        if not any(mark in first_word for mark in "_(`"):  # a name keeps its case
+            message = message[:1].upper() + message[1:]
         # in the notebook's language: notebooks/hi/practice prints it in Hindi
         return verdict_line(self.exercise, self.status, message)
 
@@ -286,7 +285,7 @@ def as_number(value, name="your answer", whole=False):
     except Exception:
         raise Wrong(f"{said} {short_repr(value)}, of type {type(value).__name__}. "
                     "Hint: give a number.") from None
-    if math.isnan(number) or math.isinf(number):
+    if not math.isfinite(number):
         raise Wrong(f"{said} {number}: a division by zero or an overflow. Hint: "
                     "compute with Python numbers.")
     if whole and not number.is_integer():
@@ -341,10 +340,9 @@ def is_unfinished(answer):
     """Whether ``answer`` (a value, a container, a function's source) holds a `...`."""
     if answer is Ellipsis:
         return True
-    if isinstance(answer, dict):
-        return any(is_unfinished(v) for v in answer.values())
-    if isinstance(answer, (list, tuple, set)):
-        return any(is_unfinished(v) for v in answer)
+    if isinstance(answer, (dict, list, tuple, set)):
+        values = answer.values() if isinstance(answer, dict) else answer
+        return any(is_unfinished(value) for value in values)
     if not inspect.isfunction(answer):
         return False
     try:  # a `...` in the function's source (slicing such as x[..., 0] does not count)
