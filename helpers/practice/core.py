@@ -1,12 +1,7 @@
-"""The practice core: one judge for every practice check (lessons 01-06).
-
-An ``Exercise`` is a ``measure`` (what an answer does on a configuration), the intended
-answer, and its typical mistakes as code, each with its hint. ``check`` runs the answer
-and the intended one through the same measure and, only where they differ, names the
-mistake whose outcomes the answer shares. It prints one of four verdicts, never raises:
-correct; not quite (with a hint); not done yet (a `...` left); the check itself failed
-(its own bug). A learner's exception is one sentence; a warning is explained or shown.
-"""
+"""The practice core (lessons 01-06): an ``Exercise`` is a ``measure``, the intended
+answer and its typical mistakes as code with their hints. ``check`` measures an answer
+and the intended one alike and, only where they differ, names the mistake whose
+outcomes the answer shares. It returns one of four verdicts and never raises."""
 import ast
 import contextlib
 import functools
@@ -26,9 +21,7 @@ from helpers.language import verdict_line
 from helpers.paths import REPO_ROOT
 
 CORRECT, WRONG, NOT_DONE = "correct", "not quite", "not done yet"
-# an exception in the checker's code: a bug to report, not a wrong answer
-CHECK_FAILED = "the check itself failed"
-HELPERS_DIR = REPO_ROOT / "helpers"  # where the checks' code lives
+CHECK_FAILED = "the check itself failed"  # a bug in the check, not a wrong answer
 
 
 @dataclass
@@ -39,11 +32,10 @@ class Verdict:
     status: str  # CORRECT, WRONG, NOT_DONE or CHECK_FAILED
     message: str
 
-    def __str__(self):
-        message, first_word = self.message, self.message.split(" ", 1)[0]
-        if not any(mark in first_word for mark in "_(`"):  # a name keeps its case
+    def __str__(self):  # in the notebook's language: Hindi in notebooks/hi/practice
+        message = self.message
+        if not any(mark in message.split(" ", 1)[0] for mark in "_(`"):  # not a name
             message = message[:1].upper() + message[1:]
-        # in the notebook's language: notebooks/hi/practice prints it in Hindi
         return verdict_line(self.exercise, self.status, message)
 
 
@@ -63,17 +55,16 @@ class Raised:  # the outcome of an answer that raised: ``Type: its first sentenc
 
 def same_values(got, expected, rel=1e-6, abs_=1e-9):
     """Whether two outcomes agree: numbers within ``rel``/``abs_``, tensors elementwise
-    (inf and NaN in the same places), containers item by item, anything else by ==.
-    Exceptions (Raised) are compared by ``agree``, before any ``same``."""
+    (NaN alike), containers item by item, anything else by ==."""
+    same = close(rel, abs_)
     if hasattr(got, "is_floating_point") and hasattr(expected, "is_floating_point"):
         return (got.shape == expected.shape and got.dtype == expected.dtype
                 and got.float().allclose(expected.float(), rel, abs_, equal_nan=True))
     if isinstance(got, dict) and isinstance(expected, dict):
-        return got.keys() == expected.keys() and all(
-            same_values(got[k], expected[k], rel, abs_) for k in got)
+        return got.keys() == expected.keys() and all(same(got[k], expected[k])
+                                                     for k in got)
     if isinstance(got, (list, tuple)) and isinstance(expected, (list, tuple)):
-        return len(got) == len(expected) and all(
-            same_values(a, b, rel, abs_) for a, b in zip(got, expected))
+        return len(got) == len(expected) and all(map(same, got, expected))
     if isinstance(got, numbers.Real) and isinstance(expected, numbers.Real):
         return (math.isclose(got, expected, rel_tol=rel, abs_tol=abs_)
                 or (math.isnan(got) and math.isnan(expected)))
@@ -86,33 +77,30 @@ def close(rel=1e-6, abs_=1e-9):  # an Exercise's ``same``, with these tolerances
 
 @dataclass(frozen=True, eq=False)  # compared and hashed by identity: a cache key
 class Exercise:
-    """One exercise: how to measure an answer, the right one, the usual wrong ones."""
+    """One exercise: how to measure an answer, the right one, the usual wrong ones (a
+    text ``correct`` is formatted with the parts of a dict outcome)."""
 
     number: str  # "5.4"
     measure: Callable  # measure(answer, config) -> outcome; runs the answer
     intended: Any  # the right answer, the same kind of thing the learner gives
     mistakes: Sequence = ()  # (hint, wrong answer as a learner writes it)
     configs: Sequence = (None,)  # >= 2 where the answer is a function
-    # where no mistake matches: (got, expected, config) -> str, or the hint that
-    # follows the parts of the outcome that differ (``differences``)
-    describe: Any = ""
+    describe: Any = ""  # no mistake matched: (got, expected, config) -> str, or a hint
     label: str = "{}"  # a configuration in words, e.g. "max_grad_norm={}"
     same: Callable = same_values  # tolerance from the gap between right and wrong
-    # (got, config) -> str, or a text formatted with the (dict) outcome's parts
-    correct: Any = "it does what the intended answer does."
+    correct: Any = "it does what the intended answer does."  # or (got, config) -> str
     name: str = "your answer"  # what the learner named it, for the messages
     error_hints: Sequence = ()  # (text in an error, hint) for errors no mistake makes
 
 
 def checker(exercise):
-    """Turn a function that only names the check and its parameters (its body: a
-    docstring) into the learner's check. The answer is its one argument, or the tuple
-    of them; the check prints ``check(exercise, answer)``, and its ``.verdict(...)``
-    returns the Verdict (for the tests)."""
+    """The learner's check, from a function that only names it and its parameters: it
+    prints ``check(exercise, answer)`` (the answer: its argument, or the tuple of them);
+    its ``.verdict(...)`` returns the Verdict."""
     def decorate(named):
         def verdict(*args, **kwargs):
-            given = inspect.signature(named).bind(*args, **kwargs).arguments.values()
-            return check(exercise, (*given,) if len(given) > 1 else next(iter(given)))
+            given = [*inspect.signature(named).bind(*args, **kwargs).arguments.values()]
+            return check(exercise, tuple(given) if len(given) > 1 else given[0])
 
         @functools.wraps(named)
         def show(*args, **kwargs):
@@ -123,8 +111,7 @@ def checker(exercise):
 
 
 def check(exercise, answer):
-    """The Verdict on ``answer``: not done yet, not quite (with a hint), correct, or the
-    check's own failure. Runs on one CPU thread, the learner's random numbers kept."""
+    """The Verdict on ``answer``, on one thread, the learner's random numbers kept."""
     from helpers.random_state import global_random_state_kept
 
     try:
@@ -137,88 +124,71 @@ def check(exercise, answer):
         return Verdict(exercise.number, NOT_DONE, str(reason))
     except Wrong as reason:
         return Verdict(exercise.number, WRONG, str(reason))
-    # the learner's exceptions arrive as Raised outcomes: this one is the check's own
-    except Exception as error:
+    except Exception as error:  # the check's own: the learner's arrive as Raised
+        where = getattr(error, "where", "") or where_raised(error)
         return Verdict(exercise.number, CHECK_FAILED, (
-            "this is a bug in the check, not in your answer: "
-            f"{describe_error(error)}, raised at "
-            f"{getattr(error, 'where', '') or where_raised(error)}. Please report "
-            "it, with this message, to the course maintainers (in the course's issue "
-            "tracker)."))
+            f"this is a bug in the check, not in your answer: {describe_error(error)}, "
+            f"raised at {where}. Please report it, with this message, to the course "
+            "maintainers (in the course's issue tracker)."))
 
 
 def judge(exercise, answer):
     """(status, message) of a finished answer. Where it differs from the intended one,
     the mistake it made is the one with its outcomes on every configuration."""
-    listed_as = {id(exercise.intended): "intended"} | {
-        id(wrong): mistake for mistake, (_, wrong) in enumerate(exercise.mistakes)}
-    configs, answers = range(len(exercise.configs)), {}
-
-    def answer_outcome(index):  # an answer listed in the exercise is measured once
-        which, config = listed_as.get(id(answer)), exercise.configs[index]
-        if index not in answers:
-            answers[index] = (outcome(exercise, answer, config) if which is None
-                              else cached_outcome(exercise, which, index))
-        return answers[index]
-
-    for index in configs:
-        got = answer_outcome(index)
-        expected = cached_outcome(exercise, "intended", index)
-        if isinstance(expected, Raised):  # reported where the check's code raised
-            bug = RuntimeError(f"the intended answer raised {expected.error}")
-            bug.where = expected.where
-            raise bug
-        if agree(exercise, got, expected):
-            continue
-        mistaken = [answer_outcome(i) for i in configs]
-        for mistake, (hint, _) in enumerate(exercise.mistakes):
-            if all(agree(exercise, mistaken[i], cached_outcome(exercise, mistake, i))
-                   for i in configs):
-                return WRONG, (f"calling {exercise.name} raised {got.error}: {hint}"
-                               if isinstance(got, Raised) else hint)
-        if isinstance(got, Raised):
-            hint = next((hint for text, hint in exercise.error_hints
-                         if text in got.error),
-                        "run it on its own to see the full error.")
-            return WRONG, f"calling {exercise.name} raised {got.error}. Hint: {hint}"
-        config = exercise.configs[index]
-        return WRONG, (exercise.describe(got, expected, config)
-                       if callable(exercise.describe)
-                       else differences(exercise, got, expected, config))
-    first = cached_outcome(exercise, "intended", 0)
-    if callable(exercise.correct):
-        return CORRECT, exercise.correct(first, exercise.configs[0])
-    return CORRECT, exercise.correct.format(**first if isinstance(first, dict) else {})
+    configs, mistakes = range(len(exercise.configs)), enumerate(exercise.mistakes)
+    known = {"intended": exercise.intended} | {m: wrong for m, (_, wrong) in mistakes}
+    which = next((which for which, listed in known.items() if listed is answer), None)
+    got = [outcome(exercise, answer, exercise.configs[i]) if which is None  # anew
+           else cached_outcome(exercise, which, i) for i in configs]
+    expected = [cached_outcome(exercise, "intended", i) for i in configs]
+    if bugs := [raised for raised in expected if isinstance(raised, Raised)]:
+        bug = RuntimeError(f"the intended answer raised {bugs[0].error}")
+        bug.where = bugs[0].where  # reported where the check's code raised
+        raise bug
+    differing = [i for i in configs if not agree(exercise, got[i], expected[i])]
+    if not differing:
+        correct, first = exercise.correct, expected[0]
+        if callable(correct):
+            return CORRECT, correct(first, exercise.configs[0])
+        return CORRECT, correct.format(**first if isinstance(first, dict) else {})
+    hint = next((hint for mistake, (hint, _) in enumerate(exercise.mistakes)
+                 if all(agree(exercise, got[i], cached_outcome(exercise, mistake, i))
+                        for i in configs)), None)
+    first = differing[0]
+    got, expected, config = got[first], expected[first], exercise.configs[first]
+    said = isinstance(got, Raised) and f"calling {exercise.name} raised {got.error}"
+    if hint is not None:
+        return WRONG, f"{said}: {hint}" if said else hint
+    if said:
+        return WRONG, f"{said}. Hint: " + next(
+            (hint for text, hint in exercise.error_hints if text in got.error),
+            "run it on its own to see the full error.")
+    if callable(exercise.describe):
+        return WRONG, exercise.describe(got, expected, config)
+    return WRONG, differences(exercise, got, expected, config)
 
 
 def agree(exercise, got, expected):
-    """Whether two outcomes agree by ``exercise.same``; an exception (Raised) agrees
-    only with the same exception."""
+    """Whether two outcomes agree by ``exercise.same``; exceptions only if the same."""
     if isinstance(got, Raised) or isinstance(expected, Raised):
         return got == expected
     return exercise.same(got, expected)
 
 
-_outcomes = {}  # (exercise, "intended" or a mistake's index, config index) -> outcome
-
-
+@functools.cache  # by identity: the intended answer and the mistakes never change
 def cached_outcome(exercise, which, index):
-    """The intended answer's or a mistake's outcome on a configuration, measured once"""
-    key = (exercise, which, index)
-    if key not in _outcomes:
-        answer = (exercise.mistakes[which][1] if which != "intended"
-                  else exercise.intended)
-        try:
-            _outcomes[key] = outcome(exercise, answer, exercise.configs[index])
-        except Wrong as reason:  # a mistake the measure itself turns down
-            _outcomes[key] = Raised(f"Wrong: {reason}", where_raised(reason))
-    return _outcomes[key]
+    """The outcome of the intended answer (``which="intended"``) or of a mistake (its
+    index) on a configuration (its index), measured once."""
+    answer = exercise.intended if which == "intended" else exercise.mistakes[which][1]
+    try:
+        return outcome(exercise, answer, exercise.configs[index])
+    except Wrong as reason:  # a mistake the measure itself turns down
+        return Raised(f"Wrong: {reason}", where_raised(reason))
 
 
 def differences(exercise, got, expected, config):
-    """The default description: the configuration, the parts of the outcome that differ
-    from the intended one's (not their intended values: those may be the answer), the
-    hint."""
+    """The default description: the configuration, what differs from the intended
+    outcome (not the intended values: they may be the answer), the hint."""
     def shown(key, value):  # tensors by name only: their values say nothing to read
         value = f"{value:.4g}" if isinstance(value, float) else short_repr(value, 60)
         return key if "tensor(" in value else f"{key} {value}"
@@ -265,9 +235,8 @@ def learner(function, *args, **kwargs):
 
 
 def as_number(value, name="your answer", whole=False):
-    """``value`` as an int or a float; any number type a learner may compute with
-    (NumPy scalars, Fraction, Decimal, a 0-d tensor or array). Anything else is Wrong,
-    with a hint; with ``whole``, so is a number with a fraction."""
+    """``value`` as an int or a float, from any number type (NumPy, Fraction, Decimal,
+    a 0-d tensor); anything else, or a fraction if ``whole``, is Wrong, with a hint."""
     said = f"{name} should be a {'whole ' if whole else ''}number, but it is"
     if isinstance(value, bool) or "bool" in str(getattr(value, "dtype", "")):
         raise Wrong(f"{said} {short_repr(value)}, a truth value. Hint: the number.")
@@ -278,7 +247,7 @@ def as_number(value, name="your answer", whole=False):
         raise Wrong(f"{said} of shape {shape}. Hint: one number (.item()).")
     with contextlib.suppress(Exception):
         return operator.index(value)  # int, NumPy integers, 0-d integer tensors
-    try:  # float, NumPy floats, Fraction, Decimal, 0-d float tensors and arrays
+    try:  # float, NumPy floats, Fraction, Decimal, 0-d float tensors (not texts)
         if isinstance(value, (str, bytes)):
             raise TypeError
         number = float(value.detach() if hasattr(value, "detach") else value)
@@ -318,34 +287,31 @@ def short_repr(value, limit=80):
 
 def describe_error(error):
     """``Type: first line of the message`` (or only the type), one line."""
-    message = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    return f"{type(error).__name__}: {message}" if message else type(error).__name__
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 
 def where_raised(error):
-    """``path, line N`` of the innermost frame in the checks' code (else the innermost):
+    """``path, line N`` of the innermost frame in the checks' code, else the innermost:
     a library's frame would not say which line of the check to fix."""
-    frames = traceback.extract_tb(error.__traceback__)[1:]
-    in_helpers = [frame for frame in frames
-                  if Path(frame.filename).resolve().is_relative_to(HELPERS_DIR)
-                  and Path(frame.filename).name != "core.py"]
-    frame = (in_helpers or frames)[-1]
-    path = Path(frame.filename).resolve()
+    frames = [(Path(frame.filename).resolve(), frame)
+              for frame in traceback.extract_tb(error.__traceback__)]
+    path, frame = ([(path, frame) for path, frame in frames if path.name != "core.py"
+                    and path.is_relative_to(REPO_ROOT / "helpers")] or frames)[-1]
     shown = (path.relative_to(REPO_ROOT).as_posix() if path.is_relative_to(REPO_ROOT)
              else frame.filename)
     return f"{shown}, line {frame.lineno}"
 
 
 def is_unfinished(answer):
-    """Whether ``answer`` (a value, a container, a function's source) holds a `...`."""
-    if answer is Ellipsis:
-        return True
+    """Whether ``answer`` (a value, a container, a function's source) holds a `...`;
+    slicing such as ``x[..., 0]`` does not count."""
     if isinstance(answer, (dict, list, tuple, set)):
         values = answer.values() if isinstance(answer, dict) else answer
         return any(is_unfinished(value) for value in values)
     if not inspect.isfunction(answer):
-        return False
-    try:  # a `...` in the function's source (slicing such as x[..., 0] does not count)
+        return answer is Ellipsis
+    try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(answer)))
     except (OSError, TypeError, SyntaxError):
         return False  # no source to read: judge it by what it does
@@ -357,9 +323,8 @@ def is_unfinished(answer):
 
 @contextlib.contextmanager
 def explaining_warnings(*explained):
-    """Catch the warnings whose message holds one of the ``explained`` texts, for the
-    verdict to explain; yields their list, filled when the block ends. Every other
-    warning is shown afterwards as it would have been: a check never hides one."""
+    """Catch the warnings whose message holds an ``explained`` text, for the verdict to
+    explain (in the list it yields, once the block ends); show every other one."""
     explaining, caught = [], []
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -378,8 +343,7 @@ def explaining_warnings(*explained):
 
 @contextlib.contextmanager
 def one_thread():
-    """One CPU thread while a check runs (tiny tensors: threads only wait for each
-    other), the learner's count put back after."""
+    """One CPU thread while a check runs (tiny tensors), the learner's count after."""
     import torch  # here: the verdicts themselves need no torch
 
     threads = torch.get_num_threads()
