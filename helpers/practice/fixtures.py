@@ -1,15 +1,14 @@
-"""What the practice checks (lessons 01-05) run answers on: the tiny DistilBERT, the
-same few batches every time, a clean Accelerate state, and a one-step Trainer run.
-
-The checks train on the GPU when there is one, as the lessons do (a Trainer with
-use_cpu=True after the learner's own GPU Accelerator would be refused by Accelerate).
-"""
+"""What the practice checks (lessons 01-05) run answers on, on the GPU where there is
+one as in the lessons: Accelerate refuses use_cpu=True after a GPU Accelerator."""
 import contextlib
 import functools
 import tempfile
 
 import torch
 
+from helpers.data import load_tokenized, make_dataloader
+from helpers.models import build_model
+from helpers.practice.core import learner, returned
 from helpers.random_state import global_random_state_kept
 
 ON_CPU = not torch.cuda.is_available()
@@ -18,8 +17,6 @@ DEVICE = torch.device("cpu" if ON_CPU else "cuda")
 
 def tiny_model(seed=0):
     """The tiny DistilBERT with eager attention, on the checks' device."""
-    from helpers.models import build_model
-
     model = build_model("tiny", seed=seed)
     model.set_attn_implementation("eager")
     return model.to(DEVICE)
@@ -28,17 +25,12 @@ def tiny_model(seed=0):
 @functools.lru_cache(maxsize=None)
 def training_examples(n):
     """(the first ``n`` tokenized training examples, the course's tokenizer)."""
-    from helpers.data import load_tokenized
-
     tokenized, tokenizer = load_tokenized()
     return tokenized["train"].select(range(n)), tokenizer
 
 
 def fixed_batches(batch_size, count):
-    """``count`` batches of ``batch_size`` training examples, the same every time, on
-    the checks' device."""
-    from helpers.data import make_dataloader
-
+    """``count`` batches of ``batch_size`` training examples, the same every time."""
     examples, tokenizer = training_examples(batch_size * count)
     return [{key: value.to(DEVICE) for key, value in batch.items()}
             for batch in make_dataloader(examples, tokenizer, batch_size)]
@@ -46,10 +38,8 @@ def fixed_batches(batch_size, count):
 
 @contextlib.contextmanager
 def fresh_accelerate_state():
-    """A clean Accelerate state for the check's Accelerators and Trainers, the
-    learner's put back after. Accelerate keeps one state per process and refuses to
-    change its mixed precision once set; TrainingArguments resets it. No public call
-    saves and restores it: the one place the checks touch Accelerate's internals."""
+    """A clean Accelerate state (one a process, its mixed precision fixed once set), the
+    learner's put back after: no public call saves it, so here the checks touch it."""
     from accelerate.state import AcceleratorState, PartialState
 
     saved = dict(PartialState._shared_state), dict(AcceleratorState._shared_state)
@@ -70,11 +60,8 @@ def args_with(**settings):
 
 
 def learners_arguments(make_training_args):
-    """The TrainingArguments that the learner's ``make_training_args(output_dir)``
-    returns (anything else is a form problem)."""
+    """The TrainingArguments the learner's ``make_training_args`` returns (or Wrong)."""
     from transformers import TrainingArguments
-
-    from helpers.practice.core import learner, returned
 
     with tempfile.TemporaryDirectory() as folder, fresh_accelerate_state():
         return returned(learner(make_training_args, folder), TrainingArguments,
@@ -83,10 +70,8 @@ def learners_arguments(make_training_args):
 
 def trainer_run(examples, micro_batch_size, accumulation=1, make_args=None,
                 model=None, compute_loss_func=None, steps=1, **arguments):
-    """The Trainer after ``steps`` optimizer steps of ``model`` (or a fresh tiny one) on
-    the first ``examples`` examples, in order, with ``make_args(output_dir)``'s
-    TrainingArguments or ``arguments``; nothing saved, the random and Accelerate states
-    put back."""
+    """The Trainer after ``steps`` steps of ``model`` (or a tiny one) on the first
+    ``examples`` examples, with ``make_args`` or ``arguments``; the states put back."""
     from transformers import DataCollatorWithPadding, Trainer, TrainingArguments
     from transformers.trainer_callback import PrinterCallback
 
@@ -97,13 +82,12 @@ def trainer_run(examples, micro_batch_size, accumulation=1, make_args=None,
     data, tokenizer = training_examples(examples)
     with (tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as output_dir,
           fresh_accelerate_state(), global_random_state_kept()):
-        if make_args is None:
-            args = TrainingArguments(output_dir=output_dir, use_cpu=ON_CPU,
-                                     **one_step, **arguments)
-        else:
+        if make_args:  # the learner's arguments, made a short run
             args = make_args(output_dir)
-            for setting, value in one_step.items():
-                setattr(args, setting, value)
+            vars(args).update(one_step)
+        else:
+            args = TrainingArguments(output_dir, use_cpu=ON_CPU, **one_step,
+                                     **arguments)
         trainer = Trainer(model=model or tiny_model(), args=args, train_dataset=data,
                           compute_loss_func=compute_loss_func,
                           data_collator=DataCollatorWithPadding(tokenizer))
