@@ -1,18 +1,12 @@
-"""What the practice tests share: asserting a verdict, and a learner's random numbers
-after a check."""
+"""What the practice tests share: asserting a verdict, judging an exercise, and a
+learner's random numbers after a check."""
+import itertools
 import random
 
 import numpy as np
 import torch
 
-from helpers.practice.core import (
-    CORRECT,
-    WRONG,
-    Verdict,
-    agree,
-    cached_outcome,
-    check,
-)
+from helpers.practice.core import CORRECT, WRONG, Verdict, agree, cached_outcome, check
 
 
 def assert_verdict(verdict, status, *fragments):
@@ -41,10 +35,7 @@ def assert_judged(exercise, *right_answers):
         assert_verdict(check(exercise, answer), CORRECT)
     for hint, wrong in exercise.mistakes:
         assert_verdict(check(exercise, wrong), WRONG, hint)
-    n = len(exercise.mistakes)
-    for first in range(n):
-        for second in range(first + 1, n):
-            assert not all(
-                agree(exercise, cached_outcome(exercise, first, index),
-                      cached_outcome(exercise, second, index))
-                for index in range(len(exercise.configs))), (first, second)
+    for first, second in itertools.combinations(range(len(exercise.mistakes)), 2):
+        assert not all(agree(exercise, cached_outcome(exercise, first, i),
+                             cached_outcome(exercise, second, i))
+                       for i in range(len(exercise.configs))), (first, second)
