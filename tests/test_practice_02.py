@@ -2,7 +2,6 @@
 otherwise pass, each listed mistake gets its own hint, and a form problem is "not
 quite", never a failed check. The right answers are written here as a learner would."""
 import dataclasses
-import warnings
 
 import numpy as np
 import torch
@@ -11,8 +10,10 @@ from practice_support import assert_judged, assert_verdict, draws_after_seeding
 from transformers import TrainingArguments
 from transformers.training_args import IntervalStrategy
 
+from helpers.models import flat_parameters
 from helpers.practice import check_trainer_and_accelerator as l2
-from helpers.practice.core import CORRECT, NOT_DONE, WRONG, check
+from helpers.practice import fixtures
+from helpers.practice.core import CORRECT, NOT_DONE, WRONG, cached_outcome, check
 
 
 def unfinished(*args, **kwargs):
@@ -32,14 +33,6 @@ def test_2_1_training_arguments():
         lambda output_dir: dataclasses.replace(  # a copy: its old name mirrors the new
             l2.arguments(activation_checkpointing_kwargs={"use_reentrant": False})(
                 output_dir), logging_steps=5))
-
-    def silenced_old_name(output_dir):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # hides what the check reads: it is fooled
-            return l2.arguments(gradient_checkpointing=True,
-                                activation_checkpointing=None)(output_dir)
-
-    assert_verdict(check(l2.TRAINING_ARGUMENTS, silenced_old_name), CORRECT)
     assert_verdict(check(l2.TRAINING_ARGUMENTS, lambda output_dir: {}), WRONG,
                    "should return TrainingArguments")
     assert_verdict(check(l2.TRAINING_ARGUMENTS, l2.arguments(
@@ -47,9 +40,6 @@ def test_2_1_training_arguments():
         "64 x 64 examples, not 64")
     assert_verdict(check(l2.TRAINING_ARGUMENTS, lambda output_dir: TrainingArguments(
         output_dir, evaluation_strategy="epoch")), WRONG, "renamed it eval_strategy")
-    kwargs = {"keep_going": 1, "use_reentrant": True}  # reentrant: unknown keys fail
-    assert_verdict(check(l2.TRAINING_ARGUMENTS, l2.arguments(
-        activation_checkpointing_kwargs=kwargs)), WRONG, "keep_going", "leave it out")
     assert_verdict(l2.check_training_arguments.verdict(unfinished), NOT_DONE)
 
 
@@ -87,43 +77,20 @@ def fixed_with_accumulate(accelerator, model, optimizer, dataloader):
         with accelerator.accumulate(model):
             loss = model(**batch).loss
             accelerator.backward(loss)
-            losses.append(loss.item())
+            losses.append(loss)  # tensors, with their graphs
             optimizer.step()
             optimizer.zero_grad()
             if accelerator.sync_gradients:
-                step_losses.append(float(np.mean(losses)))
+                step_losses.append(torch.stack(losses).mean())
                 losses = []
-    return step_losses
-
-
-def averages_the_gradients_by_hand(accelerator, model, optimizer, dataloader):
-    step_losses, losses = [], []
-    for step, batch in enumerate(dataloader, start=1):
-        loss = model(**batch).loss
-        loss.backward()
-        losses.append(loss)  # tensors, with their graphs
-        if step % accelerator.gradient_accumulation_steps == 0:
-            for parameter in model.parameters():
-                parameter.grad /= len(losses)
-            optimizer.step()
-            optimizer.zero_grad()
-            step_losses.append(sum(losses) / len(losses))
-            losses = []
     return tuple(step_losses)
 
 
 def test_2_3_fixed_loop(capsys):
-    assert_judged(l2.LOOP, l2.accumulate_by_hand(l2.DIVIDED, "step"),
-                  fixed_with_accumulate, averages_the_gradients_by_hand)
-
-    def a_generator(accelerator, model, optimizer, dataloader):
-        yield from fixed_with_accumulate(accelerator, model, optimizer, dataloader)
-
-    def hard_coded_2(accelerator, model, optimizer, dataloader):
-        return l2.accumulate_by_hand(lambda accelerator, loss: (loss / 2).backward(),
-                                     "step")(accelerator, model, optimizer, dataloader)
-
-    assert_verdict(check(l2.LOOP, a_generator), WRONG, "generator function")
+    assert_judged(l2.LOOP, l2.accumulate_by_hand(l2.DIVIDED, False),
+                  fixed_with_accumulate)
+    hard_coded_2 = l2.accumulate_by_hand(  # divides by 2, not by the accumulation
+        lambda accelerator, loss: (loss / 2).backward(), False)
     assert_verdict(check(l2.LOOP, hard_coded_2), WRONG, "with gradient_accumulation_"
                    "steps=3, what differs from the intended answer: weights")
     assert_verdict(l2.check_fixed_loop.verdict(unfinished), NOT_DONE)
@@ -147,6 +114,14 @@ def test_2_4_step_mean_loss():
         / num_items_in_batch.item())
     assert_verdict(l2.check_step_mean_loss.verdict(l2.UNEVEN.intended), CORRECT,
                    "one SGD step on all 40 examples at once")
+    for index, (examples, _) in enumerate(l2.UNEVEN.configs):  # what CORRECT claims
+        model = fixtures.tiny_model()
+        loss = model(**fixtures.fixed_batches(examples, 1)[0]).loss
+        loss.backward()
+        torch.optim.SGD(model.parameters(), lr=l2.SGD["learning_rate"]).step()
+        assert l2.SAME_WEIGHTS(cached_outcome(l2.UNEVEN, "intended", index), {
+            "weights": flat_parameters(model).cpu(), "logged": loss.item()})
+
     def forgot_return(outputs, labels, num_items_in_batch):
         F.cross_entropy(outputs.logits, labels, reduction="sum") / num_items_in_batch
 
@@ -164,7 +139,7 @@ def test_2_4_step_mean_loss():
 
 def test_a_check_that_trains_leaves_the_learners_random_numbers_alone():
     def fixed_loop(*args):
-        return l2.accumulate_by_hand(l2.DIVIDED, "step")(*args)
+        return l2.accumulate_by_hand(l2.DIVIDED, False)(*args)
 
     assert draws_after_seeding(
         lambda: l2.check_fixed_loop.verdict(fixed_loop)) == draws_after_seeding()
