@@ -1,7 +1,6 @@
 """Practice 2's checks (lesson 02), on the practice core: each runs the answer for real
 on the tiny DistilBERT (a Trainer step, an Accelerate loop) and measures what it did."""
 import functools
-import gc
 
 import torch
 import torch.nn.functional as F
@@ -15,15 +14,6 @@ from helpers.random_state import global_random_state_kept
 SAME_WEIGHTS = core.close(rel=1e-4, abs_=1e-5 if fixtures.ON_CPU else 1e-4)
 SGD = dict(learning_rate=0.5, optim="sgd", lr_scheduler_type="constant",
            max_grad_norm=0.0)  # plain SGD, unclipped: a wrong scale shows in weights
-
-
-def trainer_run(*args, **kwargs):
-    """fixtures.trainer_run; its gc.collect() takes 0.5 s unless old objects freeze."""
-    gc.freeze()
-    try:
-        return fixtures.trainer_run(*args, **kwargs)
-    finally:
-        gc.unfreeze()
 
 
 # --- 2.1: the slide's batch on a smaller GPU ---------------------------------------
@@ -57,9 +47,9 @@ def trained(micro_batch, accumulation, checkpointing, checkpointing_kwargs):
     for layer in layers:  # its first module runs inside the checkpoint: recomputes too
         next(layer.children()).register_forward_pre_hook(
             lambda module, args: runs.append(module))
-    trainer_run(micro_batch * accumulation, micro_batch, accumulation, model=model,
-                activation_checkpointing=checkpointing,
-                activation_checkpointing_kwargs=checkpointing_kwargs)
+    fixtures.trainer_run(micro_batch * accumulation, micro_batch, accumulation,
+                         model=model, activation_checkpointing=checkpointing,
+                         activation_checkpointing_kwargs=checkpointing_kwargs)
     return {"micro-batches": tuple(rows),
             "runs per micro-batch": len(runs) / len(rows) / len(layers)}
 
@@ -110,7 +100,7 @@ def trainer_logs(micro_batch_losses, accumulation, accepts_loss_kwargs):
     """The intended answer, measured: what a real Trainer logs at learning rate 0."""
     model = fixtures.tiny_model()
     model.accepts_loss_kwargs = accepts_loss_kwargs
-    return fixtures.logged_losses(trainer_run(
+    return fixtures.logged_losses(fixtures.trainer_run(
         160, 16, accumulation, model=model, steps=-(-10 // accumulation),
         learning_rate=0.0))
 
@@ -264,7 +254,7 @@ def compare_with_bigger_batches(loop):
 def measure_loss_function(step_mean_loss, config):
     """The weights after a Trainer step with ``step_mean_loss``, the loss logged."""
     examples, accumulation = config
-    trainer = core.learner(trainer_run, examples, 16, accumulation, **SGD,
+    trainer = core.learner(fixtures.trainer_run, examples, 16, accumulation, **SGD,
                            compute_loss_func=step_mean_loss)
     return {"weights": flat_parameters(trainer.model).cpu(),
             "logged": fixtures.logged_losses(trainer)[0]}
