@@ -33,7 +33,7 @@ def prediction(number, name, after_step, cases, mistakes, correct):
         blocks = {(f"{key} ({str(value.dtype)[6:]})", memory_key(value)): value.nbytes
                   for state in after_step(*args).state.values()
                   for key, value in state.items() if torch.is_tensor(value)}
-        entries = {entry: sum(n for (name, _), n in blocks.items() if name == entry)
+        entries = {entry: sum(n for (e, _), n in blocks.items() if e == entry)
                    for entry, _ in blocks}
         return (f"on {label}, {name} gave {mine:,} bytes; one real step keeps "
                 f"{truth:,}: {', '.join(f'{e} {n:,}' for e, n in entries.items())}. "
@@ -98,10 +98,9 @@ FITS, GPU_BYTES = "fits on one 80 GiB GPU", 80 * GiB
 
 
 def mixed_precision_budget():
-    """The intended answer, measured on the meta device (shapes and dtypes, no memory):
-    bfloat16 weights and gradients, and AdamW's step on float32 master weights."""
+    """The intended answer: a mixed-precision AdamW step, weighed on the meta device."""
     shapes = llama_shapes(**LLAMA_2_7B)
-    with torch.device("meta"):
+    with torch.device("meta"):  # shapes and dtypes, no memory
         model = [torch.zeros(s, dtype=torch.bfloat16, requires_grad=True)
                  for s in shapes]
         sum(weight.sum() for weight in model).backward()
