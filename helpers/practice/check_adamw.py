@@ -13,8 +13,9 @@ from helpers.units import GiB
 
 def one_step(make_optimizer, shapes, dtype=torch.float32):
     """The optimizer after one step on zeros (its state does not depend on values)."""
-    parameters = [torch.zeros(s, dtype=dtype, requires_grad=True) for s in shapes]
-    sum((p * 1e-3).sum() for p in parameters).backward()
+    parameters = [torch.zeros(shape, dtype=dtype) for shape in shapes]
+    for parameter in parameters:
+        parameter.grad = torch.full_like(parameter, 1e-3)
     optimizer = make_optimizer(parameters)
     optimizer.step()
     return optimizer
