@@ -28,7 +28,7 @@ def test_1_1_two_runs_of_sin_is_what_the_graph_does_without_early_stop():
 
 
 @pytest.mark.parametrize("prediction, fragment", [
-    ({"kept_KiB": 256, "A_runs": 1}, 'the keys "kept_KiB", "A_runs" and "B_runs"'),
+    ({"kept_KiB": 256, "A_runs": 1}, 'should be {"kept_KiB": n, "A_runs": n'),
     ({"kept_KiB": 256, "A_runs": 1.5, "B_runs": 1}, "rounds up"),
     ({"kept_KiB": 100, "A_runs": 3, "B_runs": 1}, "kept_KiB 100 and A_runs 3"),
 ])
@@ -48,12 +48,6 @@ def switch_in_two_steps(model):
 def test_1_2_judges_switches_by_what_the_model_then_does():
     assert_judged(l1.SWITCH, switch_in_two_steps)
 
-
-@pytest.mark.skipif(torch.version.cuda is not None, reason="a CPU build cannot pin")
-def test_1_2_offload_on_a_cpu_build_is_explained():
-    offload = l1.switch_with(activation_checkpointing_kwargs=l1.BOTH, offload=True)
-    assert_verdict(check(l1.SWITCH, offload), WRONG, "pin_memory",
-                   "leave offload=False")
 
 
 # --- 1.3: a policy for a gated block ------------------------------------------------
@@ -103,7 +97,7 @@ def test_1_4_judges_forwards_by_what_backward_recomputed_and_kept():
     assert_verdict(check(l1.SEGMENTS, lambda blocks, h, segments: segments_by_divmod(
         blocks[1:], h, segments)), WRONG, "the output of the blocks run in order False")
     assert_verdict(check(l1.SEGMENTS, lambda blocks, h, segments: None), WRONG,
-                   "should return the last block's output")
+                   "should return Tensor")
 
 
 def test_unfinished_answers_are_not_done_and_random_numbers_stay():
