@@ -2,7 +2,6 @@
 kept for backward, ops run again, blocks recomputed together, gradients, measured."""
 import functools
 import itertools
-import math
 
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, checkpoint_sequential
@@ -105,15 +104,13 @@ def switch_run(switch, batch_size):
             if "use_reentrant=True" not in str(error):
                 raise
             same = replayed = "refused: the reentrant checkpoint ran"
+    old_name = any(OLD in str(warning.message) for warning in warned)
     return {"kept_KiB": round(kept / KiB), "autograd.grad": same,
-            "rng replayed": replayed, "old name": any(OLD in str(w.message)
-                                                      for w in warned)}
+            "rng replayed": replayed, "old name": old_name}
 
 
 def switch_with(name="activation_checkpointing_enable", **kwargs):  # a learner's
-    def switch_on_checkpointing(model):
-        getattr(model, name)(**kwargs)
-    return switch_on_checkpointing
+    return lambda model: getattr(model, name)(**kwargs)
 
 
 REENTRANT = ("the reentrant checkpoint ran: your kwargs replaced Transformers' "
@@ -293,16 +290,6 @@ def same_stack(got, expected):
     return core.close(1e-3)(got, expected)
 
 
-def by_pieces_of(size_of):  # the lesson's split: pieces of size_of(blocks, segments)
-    def checkpointed_forward(blocks, h, segments):
-        size = size_of(len(blocks), segments)
-        for start in range(0, len(blocks), size):
-            h = checkpoint(run_blocks, blocks[start:start + size], h,
-                           use_reentrant=False)
-        return h
-    return checkpointed_forward
-
-
 def late_binding(blocks, h, segments):
     start = 0
     for size in balanced_sizes(len(blocks), segments):
@@ -322,12 +309,6 @@ SEGMENTS = core.Exercise(
          "blocks kept their insides. Hint: wrap every segment yourself.",
          lambda blocks, h, segments: checkpoint_sequential(blocks, segments, h,
                                                            use_reentrant=False)),
-        ("pieces of ceil(blocks / segments) are not balanced (6 blocks in pieces of 2 "
-         "make 3 segments, not 4). Hint: divmod(len(blocks), segments).",
-         by_pieces_of(lambda n, s: math.ceil(n / s))),
-        ("pieces of blocks // segments make too many segments where the blocks do not "
-         "divide evenly. Hint: give the blocks left over one each to some segments.",
-         by_pieces_of(lambda n, s: n // s)),
         ("a lambda made in the loop reads start and end when backward calls it, after "
          "the loop moved on. Hint: checkpoint(run, blocks[start:end], h, ...).",
          late_binding),
@@ -335,8 +316,9 @@ SEGMENTS = core.Exercise(
          "output needs no gradient (PyTorch warned). Hint: use_reentrant=False.",
          # use_reentrant=None: as if the learner left it out
          functools.partial(every_segment_checkpointed, use_reentrant=None))],
-    describe="every block once, in order, in one of the segments, each segment in "
-    "its own checkpoint.", label="{} blocks in {} segments",
+    describe="every block once, in order, in segments whose lengths differ by at most "
+    "one (divmod(len(blocks), segments)), each in its own checkpoint.",
+    label="{} blocks in {} segments",
     correct="8 blocks in 4 segments, as 7 in 3 and 6 in 4: {kept_KiB:.0f} KiB kept and "
     "a peak of {peak_KiB:.0f} KiB, each block recomputed once, identical gradients.")
 
