@@ -80,8 +80,8 @@ def check_region_before_b_prediction(prediction):
 OLD = "gradient_checkpointing_enable"  # the deprecated name of the switch
 
 
-def gradients(model, batch, seed=0):  # any dropout drawn from ``seed``
-    torch.manual_seed(seed)
+def gradients(model, batch):  # torch.autograd.grad's, any dropout drawn from seed 0
+    torch.manual_seed(0)
     return torch.autograd.grad(model(**batch).loss, list(model.parameters()))
 
 
@@ -103,7 +103,7 @@ def switch_run(switch, batch_size):
         except RuntimeError as error:  # torch.autograd.grad refuses the reentrant one
             if "use_reentrant=True" not in str(error):
                 raise
-            same = replayed = "refused: the reentrant checkpoint ran"
+            same, replayed = "refused: the reentrant checkpoint ran", "not measured"
     old_name = any(OLD in str(warning.message) for warning in warned)
     return {"kept_KiB": round(kept / KiB), "autograd.grad": same,
             "rng replayed": replayed, "old name": old_name}
@@ -115,16 +115,14 @@ def switch_with(name="activation_checkpointing_enable", **kwargs):  # a learner'
 
 REENTRANT = ("the reentrant checkpoint ran: your kwargs replaced Transformers' "
              "{'use_reentrant': False}. Hint: put \"use_reentrant\": False in them")
-OLD_NAME = (f"{OLD} is the deprecated name. Hint: "
-            "activation_checkpointing_enable(activation_checkpointing_kwargs=...)")
 BOTH = {"use_reentrant": False, "preserve_rng_state": False}
 SWITCH = core.Exercise(
     "1.2", measure=switch_run, configs=(4, 2), name="switch_on_checkpointing",
     intended=switch_with(activation_checkpointing_kwargs=BOTH),
     mistakes=[
-        (f"two things to fix: {OLD_NAME}; and {REENTRANT}.", switch_with(
-            OLD, gradient_checkpointing_kwargs={"preserve_rng_state": False})),
-        (f"{OLD_NAME}.", switch_with(OLD, gradient_checkpointing_kwargs=BOTH)),
+        (f"{OLD} is the deprecated name. Hint: activation_checkpointing_enable("
+         "activation_checkpointing_kwargs=...).",
+         switch_with(OLD, gradient_checkpointing_kwargs=BOTH)),
         (f"{REENTRANT}.", switch_with(activation_checkpointing_kwargs={
             "preserve_rng_state": False})),
         ("backward replayed the forward's random numbers. Hint: pass "
@@ -232,8 +230,7 @@ def run_blocks(blocks, h):
     return h
 
 
-def balanced_sizes(n_blocks, segments):
-    """Lengths that differ by at most one and add up to ``n_blocks``, longest last."""
+def balanced_sizes(n_blocks, segments):  # lengths within one, the longest last
     shorter, longer = divmod(n_blocks, segments)
     return [shorter] * (segments - longer) + [shorter + 1] * longer
 
@@ -290,11 +287,10 @@ def same_stack(got, expected):
     return core.close(1e-3)(got, expected)
 
 
-def late_binding(blocks, h, segments):
+def late_binding(blocks, h, segments):  # the lambda reads start and end in backward
     start = 0
     for size in balanced_sizes(len(blocks), segments):
         end = start + size
-        # the mistake itself: the lambda reads start and end when backward calls it
         h = checkpoint(lambda x: run_blocks(blocks[start:end], x), h,  # noqa: B023
                        use_reentrant=False)
         start = end
