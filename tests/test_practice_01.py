@@ -45,9 +45,13 @@ def switch_in_two_steps(model):
     model.activation_checkpointing_enable(options, every_n_layers=1)
 
 
-def test_1_2_judges_switches_by_what_the_model_then_does():
-    assert_judged(l1.SWITCH, switch_in_two_steps)
+def switch_with_dict_keywords(model):
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs=dict(
+        preserve_rng_state=False, use_reentrant=False))
 
+
+def test_1_2_judges_switches_by_what_the_model_then_does():
+    assert_judged(l1.SWITCH, switch_in_two_steps, switch_with_dict_keywords)
 
 
 # --- 1.3: a policy for a gated block ------------------------------------------------
@@ -63,13 +67,6 @@ def save_by_name(ctx, op, *args, **kwargs):
 
 def test_1_3_judges_policies_by_what_they_kept_and_ran_again():
     assert_judged(l1.POLICY, save_the_wide_ones, save_by_name)
-
-    def some_paths_return(ctx, op, *args, **kwargs):
-        if op == torch.ops.aten.addmm.default:
-            return CheckpointPolicy.MUST_SAVE
-
-    assert_verdict(check(l1.POLICY, some_paths_return), WRONG, "returned None",
-                   "a return on every path")
 
 
 # --- 1.4: balanced segments, every one checkpointed ---------------------------------
