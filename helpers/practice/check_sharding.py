@@ -83,33 +83,45 @@ def colleague_save(model, path):
         torch.save(model.state_dict(), path)
 
 
-def saving_worker(accelerator, save, path):
-    """Each process: the tiny DistilBERT sharded, ``save``, then what the file holds."""
-    model = build_model("tiny", seed=0)
-    fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
-    save(model, path)  # the only collectives before the barrier: the learner's
-    dist.barrier()
+def saving_worker(accelerator, saves, folder):
+    """Each process, for each save: the tiny DistilBERT sharded, saved, then weighed."""
+    mesh, held = init_device_mesh("cpu", (dist.get_world_size(),)), []
     full = build_model("tiny", seed=0).state_dict()  # the same weights, whole
-    saved = torch.load(path, weights_only=False) if os.path.exists(path) else {}
-    whole = sum(type(value) is torch.Tensor and torch.equal(value, full[name])
-                for name, value in saved.items() if name in full)
-    return {"entries": len(saved), "whole and equal": whole,
-            "DTensors": sum(hasattr(v, "to_local") for v in saved.values())}
+    for index, save in enumerate(saves):
+        model, path = build_model("tiny", seed=0), f"{folder}/{index}.pt"
+        fully_shard(model, mesh=mesh)
+        save(model, path)  # the only collectives before the barrier: the save's
+        dist.barrier()
+        saved = torch.load(path, weights_only=False) if os.path.exists(path) else {}
+        whole = sum(type(value) is torch.Tensor and torch.equal(value, full[name])
+                    for name, value in saved.items() if name in full)
+        held.append({"entries": len(saved), "whole and equal": whole,
+                     "DTensors": sum(hasattr(v, "to_local") for v in saved.values())})
+    return held
+
+
+_held = {}  # the mistakes' outcomes, weighed in the intended answer's launch, not 3
 
 
 def _saved(answer, config):
+    if answer in _held:
+        return _held.pop(answer)
     import transformers.models.distilbert.modeling_distilbert  # noqa: F401
     waited = core.Raised("RuntimeError: a collective timed out: a process never joined")
+    saves = [answer, *(wrong for _, wrong in CHECKPOINT.mistakes
+                       if answer is CHECKPOINT.intended)]
     with tempfile.TemporaryDirectory() as folder:
         try:  # preload=False: the model's code above, once, is all the workers need
-            return launcher.run_in_processes(
-                saving_worker, (answer, f"{folder}/model.pt"), timeout_s=90,
-                preload=False, collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+            held = launcher.run_in_processes(
+                saving_worker, (saves, folder), timeout_s=90, preload=False,
+                collective_timeout_s=COLLECTIVE_TIMEOUT_S)
         except launcher.WorkerTimeoutError:
             return waited
         except launcher.WorkerFailedError as error:  # gloo's, where a peer never joined
             return (waited if launcher.is_peer_failure(error.worker_traceback)
                     else core.Raised(error.worker_traceback.strip().splitlines()[-1]))
+    _held.update(zip(saves[1:], held[1:]))
+    return held[0]
 
 
 def gathered_save(model, path):  # every process joins each all-gather; 0 writes
