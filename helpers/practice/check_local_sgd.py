@@ -1,79 +1,60 @@
-"""Checks for notebooks/practice/03_local_sgd_practice.ipynb (lesson 03), on the
-practice core (core.py).
-
-Every answer runs for real, on processes started as in lesson 3 (2; 3 in exercise 3.4,
-where dividing by 2 would pass on 2). Each logs its collectives with the optimizer step
-they belong to (``CollectiveCounter``, ``helpers.local_sgd.measured``), the gradients
-before each step, whether the workers' weights are identical after each step, and the
-final weights. One launch measures an answer with the intended answer and each listed
-mistake not yet measured in this kernel. A small classifier called like the lesson's
-model, with dropout as DistilBERT, stands in for it (what is counted does not depend on
-the model); a wider one, whose size no text gives, is a second configuration.
-"""
+"""Checks for practice 3 (lesson 03), on the core: each answer runs on 2 real processes
+(3 in exercise 3.4, where dividing by 2 would pass on 2), on two small classifiers."""
 import contextlib
-import functools
 import io
 import itertools
-import textwrap
 from types import SimpleNamespace
 
 import torch
 from accelerate.local_sgd import LocalSGD
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from helpers.collectives import CollectiveCounter, weight_gap
 from helpers.launcher import WorkerFailedError, WorkerTimeoutError, run_in_processes
 from helpers.local_sgd import measured
 from helpers.practice import core
-from helpers.practice.core import Wrong
 from helpers.practice.fixtures import accelerate_loop as ddp_loop  # no LocalSGD
 from helpers.training import LEARNING_RATE
 
-FEATURES, HIDDEN, WIDER, CLASSES = 8, 16, 24, 2  # 1,800 and 3,464 bytes of parameters
-DROPOUT = 0.1  # as DistilBERT's: a loop that switches to eval mode trains differently
-# features of standard deviation 6: every step's gradient norm exceeds 1, so clipping
-# at the usual max_grad_norm=1.0 changes them
-INPUT_SCALE, MICRO_BATCH = 6.0, 4
-# Tolerances, from the gap between right and wrong answers. Gradients: another order of
-# a float32 sum moves them ~1e-7 of the largest entry, a misplaced line 50 % or more.
-# Weights: a hundredth of the learning rate (AdamW hardly moves when every gradient is
-# scaled: hence the gradients too). Averaging: a float32 mean is within 1e-7 of the
-# exact one, a bfloat16 copy 4e-3 away.
+FEATURES, HIDDEN, WIDER, CLASSES, MICRO_BATCH = 8, 16, 24, 2, 4
+INPUT_SCALE = 6.0  # every gradient's norm then exceeds 1: clipping at 1.0 changes it
+# From the gap between right and wrong answers: another order of a float32 sum moves the
+# gradients 1e-7 of their largest entry, a misplaced line 50 % or more; the weights, a
+# hundredth of the learning rate (AdamW hardly moves when every gradient is scaled:
+# hence the gradients too); a float32 mean is within 1e-7 of the exact one.
 GRADIENT_TOLERANCE, WEIGHTS_TOLERANCE, MEAN_TOLERANCE = 1e-5, LEARNING_RATE / 100, 1e-6
-# 3.1: ((steps, k), ...) and 3.2: ((micro-batches, accumulation, k), ...), each on the
-# named classifier, then on the wider one; k need not divide the steps
-STEP_CASES = [(((16, 8), (12, 8), (5, 8), (3, 1)), HIDDEN), (((10, 3), (16, 4)), WIDER)]
-ACCUMULATION_CASES = [(((16, 2, 4), (12, 4, 3), (12, 2, 5)), HIDDEN),
-                      (((18, 3, 4),), WIDER)]
 FIX_SETUPS = ((16, 2), (8, 4))  # 3.3: (micro-batches, accumulation); the loop's k is 8
+_kept = {}  # (measure, listed answer or case) -> its result, for the kernel
 
 
-class SmallClassifier(torch.nn.Module):
-    """Three linear layers with dropout between them: ``model(**batch).loss``."""
+class SmallClassifier(torch.nn.Sequential):
+    """Linear layers with dropout (so model.eval() matters): ``model(**batch).loss``."""
 
     def __init__(self, hidden=HIDDEN):
-        super().__init__()
-        linear, relu, drop = torch.nn.Linear, torch.nn.ReLU, torch.nn.Dropout
-        self.layers = torch.nn.Sequential(
-            linear(FEATURES, hidden), relu(), drop(DROPOUT), linear(hidden, hidden),
-            relu(), drop(DROPOUT), linear(hidden, CLASSES))
+        linear, relu, drop = torch.nn.Linear, torch.nn.ReLU, torch.nn.Dropout(0.1)
+        super().__init__(linear(FEATURES, hidden), relu(), drop, linear(hidden, hidden),
+                         relu(), drop, linear(hidden, CLASSES))
 
     def forward(self, inputs, labels):
-        logits = self.layers(inputs)
+        logits = super().forward(inputs)
         return SimpleNamespace(loss=torch.nn.functional.cross_entropy(logits, labels))
 
 
-def parameter_bytes(hidden):
-    return sum(p.numel() * 4 for p in SmallClassifier(hidden).parameters())  # float32
+with torch.device("meta"):  # sizes only: the learner's random numbers stay undrawn
+    BYTES = {hidden: 4 * sum(p.numel() for p in SmallClassifier(hidden).parameters())
+             for hidden in (HIDDEN, WIDER)}  # of float32 parameters: 1,800 and 3,464
+P, P_WIDER = BYTES.values()
+# 3.1: (steps, k, bytes of parameters); 3.2: (micro-batches, accumulation, k, bytes)
+STEP_CASES = [(16, 8, P), (12, 8, P), (5, 8, P), (3, 1, P), (10, 3, P_WIDER)]
+ACCUMULATION_CASES = [(12, 4, 3, P), (12, 2, 5, P), (18, 3, 4, P_WIDER)]
 
 
 def from_source(source, *edits):
-    """The function ``source`` defines, after each ``(old, new)`` edit of its text: the
-    mistakes are the intended answer with a learner's lines in it."""
+    """What ``source`` defines, after each ``(old, new)`` edit: a mistake as code."""
     for old, new in edits:
-        assert old in source, old
         source = source.replace(old, new)
-    namespace = {"torch": torch, "LocalSGD": LocalSGD}
-    exec(textwrap.dedent(source), namespace)
+    exec(source, namespace := {"torch": torch, "LocalSGD": LocalSGD})
     return namespace[source.split("def ", 1)[1].split("(", 1)[0]]
 
 
@@ -92,41 +73,22 @@ def fixed_train_loop(accelerator, model, optimizer, dataloader):
 """
 
 
-@functools.cache
-def lesson_loop(k):  # lesson 3's loop: local_sgd.step() after each zero_grad
-    return from_source(FIXED_LOOP, ("local_sgd_steps=8", f"local_sgd_steps={k}"))
-
-
-def prepared(accelerator, micro_batches, accumulation=1, hidden=HIDDEN):
-    """A fresh model, AdamW and data loader (``micro_batches`` a process), prepared."""
+def run_loop(accelerator, loop, m, accumulation=1, hidden=HIDDEN):
+    """Run ``loop`` on ``m`` micro-batches a process: collectives [what, step, bytes],
+    each step's gradients, whether the workers' weights then agree, final weights."""
     accelerator.gradient_accumulation_steps = accumulation
     accelerator.step = 0  # Accelerate's count towards the next step: an earlier run's
     torch.manual_seed(0)  # in the worker: the notebook's generators are not touched
     model = SmallClassifier(hidden)
-    inputs = INPUT_SCALE * torch.randn(micro_batches * MICRO_BATCH
-                                       * accelerator.num_processes, FEATURES)
-    examples = [{"inputs": x, "labels": (x[0] + x[1] > 0).long()} for x in inputs]
-    loader = torch.utils.data.DataLoader(examples, batch_size=MICRO_BATCH)
-    return accelerator.prepare(
-        model, torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE), loader)
-
-
-def flat(tensors):
-    return torch.cat([t.detach().double().reshape(-1) for t in tensors])
-
-
-def run_loop(accelerator, loop, micro_batches, accumulation=1, hidden=HIDDEN):
-    """Run ``loop`` once: its collectives [what, step (0 before the loop, "end" after
-    it), bytes], DDP's as "gradients"; the gradients before each step; whether the
-    workers' weights were identical after each step; the final weights."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-    model, optimizer, loader = prepared(accelerator, micro_batches, accumulation,
-                                        hidden)
+    x = INPUT_SCALE * torch.randn(m * MICRO_BATCH * accelerator.num_processes, FEATURES)
+    examples = [{"inputs": row, "labels": (row[0] + row[1] > 0).long()} for row in x]
+    model, optimizer, loader = accelerator.prepare(
+        model, torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE),
+        torch.utils.data.DataLoader(examples, batch_size=MICRO_BATCH))
     counter, gradients, identical = CollectiveCounter(), [], []
 
     def ddp_hook(state, bucket):  # DDP's all-reduce, through a hook the counter sees
-        logged, future = len(counter.events), default_hooks.allreduce_hook(None, bucket)
+        logged, future = len(counter.events), allreduce_hook(None, bucket)
         for event in counter.events[logged:]:
             event["collective"] = "gradients"
         return future
@@ -138,138 +100,85 @@ def run_loop(accelerator, loop, micro_batches, accumulation=1, hidden=HIDDEN):
 
     model.register_comm_hook(state=None, hook=ddp_hook)
     optimizer.optimizer.register_step_pre_hook(lambda *_: gradients.append(
-        flat(p.grad if p.grad is not None else torch.zeros_like(p)
-             for p in model.parameters()).tolist()))
+        parameters_to_vector(p.grad if p.grad is not None else torch.zeros_like(p)
+                             for p in model.parameters()).tolist()))
     with counter:
         loop(accelerator, model, optimizer, batches())
     return {"sent": [[e["collective"], e["step"], e["bytes"]] for e in counter.events],
             "identical": identical + [weight_gap(accelerator, model, counter) == 0.0],
-            "gradients": gradients, "weights": flat(model.parameters()).tolist()}
-
-
-def worker(accelerator, jobs):
-    """Each process runs each ``(measure, answer)``; an answer's exception (raised alike
-    on every process) is its result (a launch's results travel as JSON)."""
-    results = []
-    for measure, answer in jobs:
-        try:
-            results.append(measure(accelerator, answer))
-        except Exception as error:
-            results.append({"raised": core.describe_error(error)})
-    return results
+            "gradients": gradients,
+            "weights": parameters_to_vector(model.parameters()).tolist()}
 
 
 def launch(jobs, processes=2):
-    """The results of ``jobs`` on process 0; a failed or stuck launch, in one line."""
+    """Each job's ``measure(accelerator, answer)`` on process 0, or its error."""
+    # AdamW and prepare() import them (seconds): once here, not in each worker
+    import datasets  # noqa: F401
+    import torch._dynamo  # noqa: F401
+
+    def worker(accelerator):
+        results = []
+        for measure, answer in jobs:
+            try:
+                results.append(measure(accelerator, answer))
+            except Exception as error:
+                results.append({"raised": core.describe_error(error)})
+        return results
+
     try:  # Accelerate says "Launching training on 2 CPUs." at each launch: not here
         with contextlib.redirect_stdout(io.StringIO()):
-            return run_in_processes(worker, (jobs,), processes, preload=False)
-    except WorkerFailedError as error:
-        last_line = error.worker_traceback.strip().splitlines()[-1]
-        raise core.LearnerRaised(last_line) from None
+            return run_in_processes(worker, (), processes, preload=False)
+    except WorkerFailedError as error:  # a process ended without its results
+        raise core.LearnerRaised(error.worker_traceback.splitlines()[-1]) from None
     except WorkerTimeoutError:
-        raise Wrong("the processes had not finished after minutes, and were stopped. "
-                    "Hint: every process must issue the same collectives in the same "
-                    "order (none under `if accelerator.is_main_process:`).") from None
+        raise core.Wrong("the processes had not finished after minutes. Hint: every "
+                         "process must issue the same collectives in the same order "
+                         "(none under `if accelerator.is_main_process:`).") from None
 
 
-_references = {}  # (exercise, intended answer or mistake) -> its result, kept
-
-
-def launched(exercise, measure, answer, processes=2):
-    """``measure(accelerator, answer)`` on process 0, in one launch with the exercise's
-    intended answer and mistakes not yet measured."""
-    known = [exercise.intended] + [wrong for _, wrong in exercise.mistakes]
-    if not callable(answer):
-        raise Wrong(f"{exercise.name} should be a function, not {answer!r}. Hint: give "
-                    "its name, without calling it.")
-    result = _references.get((exercise, answer))
-    if result is None:  # the learner's answer is measured anew each time
-        todo = [answer] + [f for f in known
-                           if (exercise, f) not in _references and f is not answer]
-        results = launch([(measure, f) for f in todo], processes)
-        _references.update({(exercise, f): r for f, r in zip(todo, results)
-                            if f in known})
-        result = results[0]
+def launched(measure, answer, processes=2, name=None):
+    """``measure(accelerator, answer)`` on process 0, launched with the LISTED jobs not
+    yet measured; ``name``: the answer must be a function of that name."""
+    if name and not callable(answer):
+        raise core.Wrong(f"{name} should be a function, not {answer!r}. Hint: give its "
+                         "name, without calling it.")
+    job = (measure, answer)  # last: an answer that upsets the processes spoils no other
+    todo = [j for j in dict.fromkeys([*LISTED[processes], job]) if j not in _kept]
+    _kept.update(zip(todo, launch(todo, processes) if todo else []))
+    result = _kept[job] if job in LISTED[processes] else _kept.pop(job)
     if isinstance(result, dict) and "raised" in result:
         raise core.LearnerRaised(result["raised"])
     return result
 
 
-# --- 3.1 and 3.2: predict the bytes, measured on lesson 3's loops
-# -----------------------------------------------------------------
-
 def bytes_sent(accelerator, case):
-    """What one loop all-reduced: case = (micro-batches, accumulation, k, hidden), k
-    None for DDP."""
-    m, a, k, hidden = case
-    return sum(size for _, _, size in run_loop(
-        accelerator, lesson_loop(k) if k else ddp_loop, m, a, hidden)["sent"])
+    """The bytes lesson 3's loop (DDP's, where k is None) all-reduced."""
+    m, a, k, p = case
+    loop = from_source(FIXED_LOOP, ("=8", f"={k}")) if k else ddp_loop
+    run = run_loop(accelerator, loop, m, a, HIDDEN if p == P else WIDER)
+    return sum(size for _, _, size in run["sent"])
 
 
-@functools.cache
-def bytes_measured():  # every loop of 3.1 and 3.2: one launch a kernel
-    cases = [(s, 1, k, hidden) for group, hidden in STEP_CASES for s, k in group]
-    cases += [(m, a, kk, hidden) for group, hidden in ACCUMULATION_CASES
-              for m, a, k in group for kk in (None, k)]
-    return dict(zip(cases, launch([(bytes_sent, case) for case in cases])))
+def numbers(value, name):  # a prediction: a number, or a pair of them
+    if isinstance(value, (tuple, list)):
+        return tuple(core.as_number(number, name) for number in value)
+    return core.as_number(value, name)
 
 
-def hidden_of(p):
-    return HIDDEN if p == parameter_bytes(HIDDEN) else WIDER
-
-
-def lesson_3_measured(steps, local_sgd_steps, p):  # 3.1's intended answer
-    return bytes_measured()[(steps, 1, local_sgd_steps, hidden_of(p))]
-
-
-def both_measured(micro_batches, accumulation, local_sgd_steps, p):  # 3.2's
-    return tuple(bytes_measured()[(micro_batches, accumulation, k, hidden_of(p))]
-                 for k in (None, local_sgd_steps))
-
-
-def predicted(answer, config, name):
-    """The answer's predictions for a group of cases (numbers, or pairs of them)."""
-    def numbers(value):
-        if isinstance(value, (tuple, list)):
-            return tuple(core.as_number(number, name) for number in value)
-        return core.as_number(value, name)
-    cases, hidden = config
-    return tuple(numbers(core.learner(answer, *case, parameter_bytes(hidden)))
-                 for case in cases)
-
-
-# bytes are whole: a wrong count is off by a whole averaging
-exact = core.close(rel=0.0, abs_=0.5)
-
-
-def shown(value):  # 5,400 or (2,400, 3,600)
-    return (f"({', '.join(map(shown, value))})" if isinstance(value, tuple)
-            else f"{value:,}")
-
-
-def described(got, expected, config, names=("steps", "local_sgd_steps")):
-    cases, hidden = config
-    case, mine, truth = next(item for item in zip(cases, got, expected)
-                             if not exact(item[1], item[2]))
-    what = ", ".join(f"{name}={value}" for name, value in zip(names, case))
-    return (f"for {what} and {parameter_bytes(hidden):,} bytes of parameters, you "
-            f"predicted {shown(mine)}; measured on 2 processes, the loop all-reduced "
-            f"{shown(truth)}. "
-            "Hint: count the averagings (and DDP's steps), then the bytes of each.")
-
-
-P = 1800  # bytes of parameters of the classifier the notebook names
+EXACT = core.close(rel=0.0, abs_=0.5)  # bytes are whole: a wrong count is off by more
+COUNT = ("count the averagings (and DDP's steps), then the bytes of each; the check "
+         "measures them on 2 processes.")
 NAMED = (f"your predictions fit the {P:,}-byte classifier the notebook names, not the "
          "wider one the check also runs. Hint: use the argument parameter_bytes.")
 PREDICT = core.Exercise(
-    number="3.1", name="predicted_bytes", intended=lesson_3_measured,
-    measure=lambda answer, config: predicted(answer, config, "predicted_bytes"),
-    configs=STEP_CASES, same=exact, describe=described,
-    correct=lambda got, config: (
-        "your predictions match the bytes lesson 3's loop all-reduced on 2 processes, "
-        "on both classifiers: one averaging after every k-th step and one more as "
-        "the block ends, each of all the parameters."),
+    number="3.1", name="predicted_bytes", configs=STEP_CASES, same=EXACT,
+    intended=lambda s, k, p: launched(bytes_sent, (s, 1, k, p)),
+    measure=lambda answer, case: numbers(core.learner(answer, *case),
+                                         "predicted_bytes"),
+    label="steps={}, local_sgd_steps={}, parameter_bytes={}", describe=COUNT,
+    correct=("your predictions match the bytes lesson 3's loop all-reduced on 2 "
+             "processes, on both classifiers: one averaging after every k-th step "
+             "and one more as the block ends, each of all the parameters."),
     mistakes=[
         ("you count one averaging every k steps, but leaving the `with LocalSGD(...)` "
          "block averages once more. Hint: add it.", lambda s, k, p: s // k * p),
@@ -277,33 +186,25 @@ PREDICT = core.Exercise(
          "and one as the block ends.", lambda s, k, p: -(-s // k) * p),
         ("that is DDP, which all-reduces every step. Hint: Local SGD averages every k "
          "steps.", lambda s, k, p: s * p),
-        ("your count of averagings has a fraction (steps / k). Hint: one averaging "
-         "after every k full steps (//), and one as the block ends.",
-         lambda s, k, p: (s / k + 1) * p),
-        ("that is the number of averagings, not bytes. Hint: each averaging sends all "
-         "the parameters, parameter_bytes.", lambda s, k, p: s // k + 1),
-        ("you doubled the payload, as a ring all-reduce over many processes nearly "
-         "does. Hint: a ring sends 2(N-1)/N times the payload: for N = 2, the "
-         "payload itself.", lambda s, k, p: 2 * (s // k + 1) * p),
         (NAMED, lambda s, k, p: (s // k + 1) * P)])
 
 
 @core.checker(PREDICT)
 def check_predicted_bytes(predicted_bytes):
-    """``predicted_bytes(steps, local_sgd_steps, parameter_bytes)``: the bytes
-    lesson 3's loop all-reduces."""
+    """``predicted_bytes(steps, local_sgd_steps, parameter_bytes)``."""
 
 
 PREDICT_BOTH = core.Exercise(
-    number="3.2", name="predicted_bytes_with_accumulation", intended=both_measured,
-    measure=lambda answer, config: predicted(answer, config, PREDICT_BOTH.name),
-    configs=ACCUMULATION_CASES, same=exact, describe=functools.partial(
-        described, names=("micro_batches", "gradient_accumulation_steps",
-                          "local_sgd_steps")),
-    correct=lambda got, config: (
-        "your predictions match DDP's and Local SGD's bytes, measured on 2 processes "
-        "on both classifiers: k counts micro-batches, so a k below the accumulation "
-        "averages more often than DDP all-reduces."),
+    number="3.2", name="predicted_bytes_with_accumulation", same=EXACT,
+    configs=ACCUMULATION_CASES, measure=lambda answer, case: numbers(
+        core.learner(answer, *case), "predicted_bytes_with_accumulation"),
+    intended=lambda m, a, k, p: tuple(launched(bytes_sent, (m, a, kk, p))
+                                      for kk in (None, k)),
+    label="micro_batches={}, gradient_accumulation_steps={}, local_sgd_steps={}, "
+    "parameter_bytes={}", describe=COUNT,
+    correct=("your predictions match DDP's and Local SGD's bytes, measured on 2 "
+             "processes on both classifiers: k counts micro-batches, so a k below "
+             "the accumulation averages more often than DDP all-reduces."),
     mistakes=[
         ("under accelerator.accumulate, DDP all-reduces the gradients only in the "
          "micro-batch that completes an optimizer step. Hint: once per step.",
@@ -311,94 +212,49 @@ PREDICT_BOTH = core.Exercise(
         ("local_sgd_steps counts calls of local_sgd.step(), once per micro-batch in "
          "the slide's loop. Hint: every k micro-batches, not k optimizer steps.",
          lambda m, a, k, p: (m // a * p, (m // a // k + 1) * p)),
-        ("inside the `with LocalSGD` block DDP does not all-reduce the gradients: "
-         "entering it switched that off (model.no_sync()). Hint: count only the "
-         "averagings.", lambda m, a, k, p: (m // a * p, (m // k + 1 + m // a) * p)),
-        ("leaving the `with LocalSGD(...)` block averages once more. Hint: add it.",
-         lambda m, a, k, p: (m // a * p, m // k * p)),
-        ("you swapped them. Hint: return (DDP's bytes, Local SGD's bytes).",
-         lambda m, a, k, p: ((m // k + 1) * p, m // a * p)),
         (NAMED, lambda m, a, k, p: (m // a * P, (m // k + 1) * P))])
 
 
 @core.checker(PREDICT_BOTH)
 def check_predicted_bytes_with_accumulation(predicted_bytes_with_accumulation):
-    """``predicted_bytes_with_accumulation(micro_batches,
-    gradient_accumulation_steps, local_sgd_steps, parameter_bytes)``: (DDP's bytes,
-    Local SGD's bytes)."""
-
-
-# --- 3.3: the misplaced lines
-# ------------------------------------------------------------------------------
-
-LINE = "\n" + " " * 16  # a new line of the loop's body
-# local_sgd.step() moved before optimizer.step(), as in the colleague's loop
-STEP_FIRST = ((f"zero_grad(){LINE}local_sgd.step()", "zero_grad()"),
-              ("optimizer.step()", f"local_sgd.step(){LINE}optimizer.step()"))
+    """(DDP's bytes, Local SGD's bytes), under gradient accumulation."""
 
 
 def runs_of(accelerator, loop):
     return [run_loop(accelerator, loop, m, a) for m, a in FIX_SETUPS]
 
 
-def differing_step(mine, its):
-    """The first optimizer step whose gradients differ; "end" when only the final
-    weights do; None when neither."""
-    for step, (g, t) in enumerate(zip(mine["gradients"], its["gradients"]), 1):
-        g, t = torch.tensor(g), torch.tensor(t)
-        if (g - t).abs().max() > GRADIENT_TOLERANCE * t.abs().max():
-            return step
-    if len(mine["gradients"]) != len(its["gradients"]):
-        return min(len(mine["gradients"]), len(its["gradients"])) + 1
-    weights = torch.tensor(mine["weights"]) - torch.tensor(its["weights"])
-    return "end" if weights.abs().max() > WEIGHTS_TOLERANCE else None
-
-
-def same_runs(got, expected):
-    return all(mine["sent"] == its["sent"] and mine["identical"] == its["identical"]
-               and differing_step(mine, its) is None
-               for mine, its in zip(got, expected))
-
-
-def sent_text(run):
-    """Where a run all-reduced DDP's gradients and the parameters, in words."""
-    said = []
-    for kind, name in (("gradients", "DDP's gradients"), ("all_reduce", "parameters")):
-        places = dict.fromkeys("the end" if s == "end" else "the start" if s == 0
-                               else f"step {s}" for what, s, _ in run["sent"]
-                               if what == kind)
-        said += [f"all-reduced {name} at {', '.join(places)}"] if places else []
-    return " and ".join(said) or "all-reduced nothing"
-
-
-def fix_described(got, expected, config):
-    (m, a), mine, its = next(item for item in zip(FIX_SETUPS, got, expected)
-                             if not same_runs([item[1]], [item[2]]))
-    where, step = f"on {m} micro-batches, accumulating {a}", differing_step(mine, its)
+def run_difference(mine, its):
+    """The first thing that differs between two runs of a loop, in words; else ""."""
     if mine["sent"] != its["sent"] or mine["identical"] != its["identical"]:
-        return (f"{where}, your loop {sent_text(mine)}; the fixed loop "
-                f"{sent_text(its)} (or the workers' weights differed after other "
-                "steps). Hint: show_communication(fixed_train_loop) shows where; move "
-                "lines, change nothing else.")
-    return (f"{where}, your loop communicates as the fixed loop does, but "
-            + ("its final weights differ" if step == "end" else
-               f"optimizer step {step} applied other gradients") + ". Hint: move the "
-            "misplaced lines, change nothing else.")
+        return "it all-reduces other bytes or at other steps, or its workers differ"
+    for step, (g, t) in enumerate(itertools.zip_longest(
+            mine["gradients"], its["gradients"], fillvalue=[]), 1):
+        largest = max(map(abs, t), default=0)
+        if not core.same_values(g, t, 0, GRADIENT_TOLERANCE * largest):
+            return f"optimizer step {step} applies other gradients"
+    same = core.same_values(mine["weights"], its["weights"], 0, WEIGHTS_TOLERANCE)
+    return "" if same else "its final weights differ"
 
 
+LINE = "\n" + " " * 16  # a new line of the loop's body
+# local_sgd.step() before optimizer.step(), as in the colleague's loop
+STEP_FIRST = ((f"zero_grad(){LINE}local_sgd.step()", "zero_grad()"),
+              ("optimizer.step()", f"local_sgd.step(){LINE}optimizer.step()"))
 FIX = core.Exercise(
-    number="3.3", name="fixed_train_loop", intended=lesson_loop(8),
-    measure=lambda answer, config: launched(FIX, runs_of, answer),
-    same=same_runs, describe=fix_described, error_hints=[
-        ("'local_sgd'", "local_sgd is the name `with LocalSGD(...) as local_sgd:` "
-         "gives: call local_sgd.step() inside that block."),
-        ("LocalSGD", "import it first: from accelerate.local_sgd import LocalSGD.")],
-    correct=lambda got, config: (
-        "measured on 2 processes, your loop sent no gradients, averaged the "
-        "parameters every 4 optimizer steps and as the block ended, with the "
-        "workers' weights identical after each averaging; each step applied the "
-        "intended loop's gradients, and the final weights match (also with "
-        "accumulation 4 on 8 micro-batches)."),
+    number="3.3", name="fixed_train_loop", intended=from_source(FIXED_LOOP),
+    measure=lambda answer, config: launched(runs_of, answer, name="fixed_train_loop"),
+    same=lambda got, expected: not any(map(run_difference, got, expected)),
+    describe=lambda got, expected, config: next(
+        f"on {m} micro-batches, accumulating {a}, {said}, unlike the fixed loop. Hint: "
+        "show_communication(fixed_train_loop) shows what it sends; move the misplaced "
+        "lines, change nothing else." for (m, a), said in
+        zip(FIX_SETUPS, map(run_difference, got, expected)) if said),
+    correct=("measured on 2 processes, your loop sent no gradients, averaged the "
+             "parameters every 4 optimizer steps and as the block ended, with the "
+             "workers' weights identical after each averaging; each step applied "
+             "the intended loop's gradients, and the final weights match (also with "
+             "accumulation 4 on 8 micro-batches)."),
     mistakes=[
         ("the for loop runs after the `with LocalSGD(...)` block has ended: entering "
          "it switches DDP's gradient all-reduce off, and leaving it averages. Hint: "
@@ -408,22 +264,6 @@ FIX = core.Exercise(
          "takes its own step and the weights differ at once. Hint: call "
          "local_sgd.step() after optimizer.step().",
          from_source(FIXED_LOOP, *STEP_FIRST)),
-        ("local_sgd_steps counts calls of local_sgd.step(), once per micro-batch: 8 "
-         "averages every 4 optimizer steps. Hint: keep local_sgd_steps=8.",
-         from_source(FIXED_LOOP, ("local_sgd_steps=8", "local_sgd_steps=4"))),
-        ("accelerator.backward already divides the loss by gradient_accumulation_steps"
-         ": you divide it twice. Hint: pass outputs.loss as it is.",
-         from_source(FIXED_LOOP, ("(outputs.loss)", "(outputs.loss / 2)"))),
-        ("loss.backward() does not divide the loss by gradient_accumulation_steps, "
-         "accelerator.backward does. Hint: keep accelerator.backward(outputs.loss).",
-         from_source(FIXED_LOOP, ("accelerator.backward(outputs.loss)",
-                                  "outputs.loss.backward()"))),
-        ("the model trained in evaluation mode: dropout was off. Hint: keep "
-         "model.train().", from_source(FIXED_LOOP, ("model.train()", "model.eval()"))),
-        ("you clip the gradients, which changes them. Hint: add no clipping: move "
-         "lines, change nothing else.", from_source(FIXED_LOOP, ("optimizer.step()",
-         "accelerator.clip_grad_norm_(model.parameters(), 1.0)" + LINE
-         + "optimizer.step()"))),
         ("zero_grad before backward clears the gradients between the micro-batches a "
          "step accumulates. Hint: call it after optimizer.step().",
          from_source(FIXED_LOOP, (" " * 16 + "optimizer.zero_grad()\n", ""),
@@ -432,25 +272,20 @@ FIX = core.Exercise(
 
 @core.checker(FIX)
 def check_fixed_local_sgd_loop(fixed_train_loop):
-    """``fixed_train_loop(accelerator, model, optimizer, dataloader)``: exercise 3.3's
-    Local SGD loop, its misplaced lines moved."""
+    """``fixed_train_loop(accelerator, model, optimizer, dataloader)``."""
 
 
-# The name practice 3's notebooks call: practice 2 and 3 each check a fixed loop,
-# check_fixed_accumulation_loop (2.3) and check_fixed_local_sgd_loop (3.3).
-check_fixed_loop = check_fixed_local_sgd_loop
+check_fixed_loop = check_fixed_local_sgd_loop  # the name practice 3's notebooks call
 
 
 def show_communication(train_loop):
-    """Run ``train_loop`` as exercise 3.3's check does; print what each process
-    all-reduced, step by step."""
+    """Run ``train_loop`` as 3.3's check does: what it all-reduced, step by step."""
     run, ddp = launch([(lambda accelerator, loop: runs_of(accelerator, loop)[0], loop)
                        for loop in (train_loop, ddp_loop)])
     if "raised" in run:
         return print(f"{train_loop.__name__} raised {run['raised']}")
-    m, a = FIX_SETUPS[0]
-    print(f"{train_loop.__name__} on 2 processes, {m} micro-batches, accumulation {a}; "
-          "what each process all-reduced:")
+    print(f"{train_loop.__name__} on 2 processes, {FIX_SETUPS[0][0]} micro-batches, "
+          f"accumulation {FIX_SETUPS[0][1]}; what each process all-reduced:")
     row = "{:>16} | {:>15} | {:>19} | {}".format
     print(row("", "gradients (DDP)", "parameters averaged", "weights after"))
     for at, identical in zip([0, *range(1, len(run["gradients"]) + 1), "end"],
@@ -464,8 +299,32 @@ def show_communication(train_loop):
           f"the same launch: {sum(s for _, _, s in ddp['sent']):,} bytes.")
 
 
-# --- 3.4: one all-reduce per averaging, on 3 processes
-# ---------------------------------------------------------------
+def probe(accelerator, average):
+    """What ``average`` leaves, and sends, given parameters that differ by process."""
+    n, rank = accelerator.num_processes, accelerator.process_index
+    holds, dtypes, sent = [], set(), []
+    for hidden, size in BYTES.items():
+        model = SmallClassifier(hidden)  # not wrapped in DDP: its set-up takes time
+        own = torch.randn(n, size // 4, generator=torch.Generator().manual_seed(0))
+        # a copy: the parameters become views of it, which an answer may change
+        vector_to_parameters(own[rank].clone(), model.parameters())
+        with CollectiveCounter() as counter:
+            average(accelerator, model)
+        total = own.double().sum(0)
+        values = parameters_to_vector(model.parameters()).double()
+        targets = {"the mean": total / n, "the sum": total, "the sum over 2": total / 2,
+                   "the mean divided by N again": total / n / n,
+                   "their own values": own[rank].double()}
+        holds.append(next((
+            name for name, target in targets.items() if values.shape == target.shape
+            and (values - target).abs().max() <= MEAN_TOLERANCE * total.abs().max()),
+            "other values"))
+        dtypes |= {str(p.dtype).split(".")[1] for p in model.parameters()}
+        sent += [[e["collective"], e["bytes"]] for e in counter.events
+                 if e["collective"] != "barrier"]
+    return {"the parameters hold": core.listed(dict.fromkeys(holds)),
+            "dtypes": sorted(dtypes), "collectives": sent}
+
 
 AVERAGE = """
 def average_parameters(accelerator, model):
@@ -474,73 +333,17 @@ def average_parameters(accelerator, model):
         flat = accelerator.reduce(flat, reduction="mean")
         torch.nn.utils.vector_to_parameters(flat, model.parameters())
 """
-
-
-def probe(accelerator, average):
-    """On each classifier: give every process its own parameters, call ``average`` once;
-    what each parameter tensor then holds, their dtypes, the collectives issued."""
-    results, n, rank = [], accelerator.num_processes, accelerator.process_index
-    for hidden in (HIDDEN, WIDER):
-        model = SmallClassifier(hidden)  # not wrapped in DDP: its set-up takes time
-        own = torch.randn(n, parameter_bytes(hidden) // 4,
-                          generator=torch.Generator().manual_seed(0))
-        with torch.no_grad():
-            # a copy: the parameters become views of it, which an answer may change
-            torch.nn.utils.vector_to_parameters(own[rank].clone(), model.parameters())
-        counter = CollectiveCounter()
-        with counter:
-            average(accelerator, model)
-        total = own.double().sum(0)
-        targets = {"the mean": total / n, "the sum": total, "the sum over 2": total / 2,
-                   "the mean divided by N again": total / n / n,
-                   "their own values": own[rank].double()}
-        tolerance, holds = MEAN_TOLERANCE * total.abs().max(), []
-        parts = [p.detach().double().reshape(-1) for p in model.parameters()]
-        if sum(part.numel() for part in parts) != total.numel():
-            parts, holds = [], ["tensors of other sizes"]
-        for part, start in zip(parts, itertools.accumulate(
-                [0] + [part.numel() for part in parts])):
-            off = {name: (part - t[start:start + part.numel()]).abs().max()
-                   for name, t in targets.items()}
-            holds.append(next((name for name, gap in off.items() if gap <= tolerance),
-                              "the mean, rounded" if off["the mean"] < 1e-2
-                              * total.abs().max() / n else "other values"))
-        results.append({"holds": holds, "dtypes": sorted({str(p.dtype).split(".")[1]
-                                                          for p in model.parameters()}),
-                        "sent": [[e["collective"], e["bytes"]] for e in counter.events
-                                 if e["collective"] != "barrier"]})
-    return results
-
-
-def average_described(got, expected, config):
-    (hidden, mine, its) = next(item for item in zip((HIDDEN, WIDER), got, expected)
-                               if item[1] != item[2])
-    if mine["holds"] != its["holds"]:
-        held = " and ".join(dict.fromkeys(mine["holds"]))
-        return (f"given parameters that differ between the 3 processes, your function "
-                f"left them holding {held}, not each one's mean over the processes. "
-                "Hint: every parameter should end as its mean, in its place.")
-    if mine["dtypes"] != its["dtypes"]:
-        return (f"your function left the parameters in {', '.join(mine['dtypes'])}; "
-                "they were float32, and the next forward pass would fail. Hint: copy "
-                "the mean back in their own dtype.")
-    sent = ", ".join(f"{what} of {size:,} bytes" for what, size in mine["sent"])
-    return (f"your function averaged correctly with {sent or 'no collective'}; the "
-            "exercise asks for one all-reduce of all "
-            f"{parameter_bytes(hidden):,} bytes of parameters. Hint: one flat tensor, "
-            "one all-reduce, nothing else.")
-
-
 REDUCE = 'accelerator.reduce(flat, reduction="mean")'
+COPY_BACK = "torch.nn.utils.vector_to_parameters(flat, model.parameters())"
 AVERAGING = core.Exercise(
     number="3.4", name="average_parameters", intended=from_source(AVERAGE),
-    measure=lambda answer, config: launched(AVERAGING, probe, answer, processes=3),
-    describe=average_described,
-    correct=lambda got, config: (
-        f"measured on 3 processes: your function leaves every parameter at its mean "
-        f"over the processes with one all-reduce of {parameter_bytes(HIDDEN):,} bytes "
-        f"({parameter_bytes(WIDER):,} on the wider classifier), where LocalSGD issues "
-        "one per tensor (6) and a barrier."),
+    measure=lambda answer, config: launched(probe, answer, 3, "average_parameters"),
+    describe=("every parameter should end as its mean over the processes, in float32, "
+              "after one all-reduce of all of them (a flat tensor), nothing else."),
+    correct=(f"measured on 3 processes: your function leaves every parameter at its "
+             f"mean over the processes with one all-reduce of {P:,} bytes ({P_WIDER:,} "
+             "on the wider classifier), where LocalSGD issues one per tensor (6) and a "
+             "barrier."),
     mistakes=[
         ("the parameters hold the sum over the processes, not the mean: "
          "accelerator.reduce sums unless told. Hint: reduction=\"mean\".",
@@ -548,42 +351,25 @@ AVERAGING = core.Exercise(
         ("the parameters hold the sum divided by 2, but this check runs 3 processes. "
          "Hint: divide by accelerator.num_processes.",
          from_source(AVERAGE, (REDUCE, "accelerator.reduce(flat) / 2"))),
-        ("the parameters hold the mean divided once more by the number of processes: "
-         "reduction=\"mean\" already divides. Hint: divide once.",
-         from_source(AVERAGE, (REDUCE, REDUCE + " / accelerator.num_processes"))),
         ("your function left the parameters as they were: it averaged a flat copy "
          "(parameters_to_vector makes one). Hint: copy it back with "
          "vector_to_parameters(flat, model.parameters()).",
-         from_source(AVERAGE, ("\n        torch.nn.utils.vector_to_parameters(flat, "
-                                   "model.parameters())", ""))),
+         from_source(AVERAGE, (COPY_BACK, ""))),
         ("you all-reduce one tensor at a time, as LocalSGD does. Hint: put all the "
          "parameters in one flat tensor first (parameters_to_vector).",
-         from_source(AVERAGE, ("flat = torch", "for p in model.parameters():\n"
-                               "            p.copy_(accelerator.reduce(p, "
-                               "reduction='mean'))\n        flat = torch"),
-                     (REDUCE, "flat"))),
-        ("the parameters are near their mean but rounded: you all-reduced a "
-         "lower-precision copy (bfloat16, float16). Hint: all-reduce them in float32.",
-         from_source(AVERAGE, ("vector(model.parameters())",
-                               "vector(model.parameters()).bfloat16()"),
-                     ("(flat, model", "(flat.float(), model"))),
-        ("your function left the parameters in float64; they were float32, and the "
-         "next forward pass would fail. Hint: copy the mean back in float32.",
-         from_source(AVERAGE, ("(flat, model", "(flat.double(), model"))),
-        ("a gather receives every process's copy, 3 times the bytes. Hint: one "
-         "all-reduce sums them in place, and every process gets the sum.",
-         from_source(AVERAGE, (REDUCE, "accelerator.gather(flat[None]).mean(dim=0)"))),
-        ("after the all-reduce every process already holds the mean: the broadcast "
-         "sends it once more. Hint: one all-reduce, nothing else.",
-         from_source(AVERAGE, (REDUCE, REDUCE + "\n        torch.distributed."
-                                       "broadcast(flat, 0)"))),
-        ("the biases kept their own values. Hint: average every parameter tensor "
-         "(model.parameters() yields weights and biases).",
-         from_source(AVERAGE, ("model.parameters()", "[p for p in model.parameters() "
-                                                     "if p.dim() > 1]")))])
+         from_source(AVERAGE, (REDUCE, "flat"), (
+             COPY_BACK, "for p in model.parameters():\n"
+             "            p.copy_(accelerator.reduce(p, reduction='mean'))")))])
 
 
 @core.checker(AVERAGING)
 def check_average_parameters(average_parameters):
-    """``average_parameters(accelerator, model)``: every parameter at its mean over
-    the processes, with one all-reduce."""
+    """``average_parameters(accelerator, model)``."""
+
+
+LISTED = {  # what launched() measures on 2 or 3 processes, in one launch a kernel
+    2: [(bytes_sent, (s, 1, k, p)) for s, k, p in STEP_CASES]
+    + [(bytes_sent, (m, a, kk, p)) for m, a, k, p in ACCUMULATION_CASES
+       for kk in (None, k)]
+    + [(runs_of, f) for f in (FIX.intended, *dict(FIX.mistakes).values())],
+    3: [(probe, f) for f in (AVERAGING.intended, *dict(AVERAGING.mistakes).values())]}
