@@ -1,5 +1,4 @@
-"""Practice 1's checks (lesson 01, gradient checkpointing), on the practice core: bytes
-kept for backward, ops run again, blocks recomputed together, gradients, measured."""
+"""Practice 1's checks (lesson 01, gradient checkpointing), on the practice core."""
 import functools
 import itertools
 
@@ -19,7 +18,7 @@ all_close = core.close(rel=1e-5, abs_=1e-6)  # equal gradients, float32 rounding
 
 @functools.cache
 def region_measurements():
-    """What 1.1's graph does: A = sin(x) in the region, B = x @ W + b, C = A * B."""
+    """The intended answer, measured: A = sin(x) in the region, B = x @ W + b, A * B."""
     x, W, b = (torch.ones(*shape, requires_grad=True)  # made before: they do not count
                for shape in [(128, 256), (256, 256), (256,)])
 
@@ -33,26 +32,23 @@ def region_measurements():
             "B_runs": forward["addmm"] + backward.get("addmm", 0)}
 
 
-def predicted_or_measured(prediction, config):
-    """Each predicted number, or "as measured" where it is what the graph did."""
-    measured = region_measurements()
-    if not isinstance(prediction, dict) or set(prediction) != set(measured):
-        raise Wrong('prediction should be {"kept_KiB": n, "A_runs": n, "B_runs": n}.')
-    numbers = {key: core.as_number(value, f'prediction["{key}"]',
-                                   whole=key != "kept_KiB")
-               for key, value in prediction.items()}
-    return {key: "as measured" if number == measured[key] else number
-            for key, number in numbers.items()}
-
-
-def predicted(**numbers):  # A and B stay, 128 KiB each; sin and addmm run once
+def predicted(**numbers):  # a learner's: A and B stay, 128 KiB each; sin, addmm once
     return {"kept_KiB": 2 * 128, "A_runs": 1, "B_runs": 1} | numbers
+
+
+def prediction_numbers(prediction, config):
+    """The three numbers predicted (measured, for the intended answer), or Wrong."""
+    prediction = prediction() if callable(prediction) else prediction
+    if not isinstance(prediction, dict) or set(prediction) != set(predicted()):
+        raise Wrong('prediction should be {"kept_KiB": n, "A_runs": n, "B_runs": n}.')
+    return {key: core.as_number(value, f'prediction["{key}"]', whole=key != "kept_KiB")
+            for key, value in prediction.items()}
 
 
 MUL_SAVES = ("checkpoint drops only what is saved inside its region; mul, outside it, "
              "saves both its inputs (dC/dA = B, dC/dB = A).")
 REGION = core.Exercise(
-    "1.1", measure=predicted_or_measured, name="prediction", intended=predicted(),
+    "1.1", measure=prediction_numbers, intended=region_measurements, name="prediction",
     mistakes=[
         (f"kept_KiB = 0: more stays: {MUL_SAVES}", predicted(kept_KiB=0)),
         (f"kept_KiB = 128: more stays: {MUL_SAVES}", predicted(kept_KiB=128)),
@@ -61,11 +57,10 @@ REGION = core.Exercise(
          predicted(A_runs=2))],
     describe="kept_KiB counts what forward made and some backward reads; A_runs and "
     "B_runs count forward once, then what backward runs again.",
-    correct=lambda got, config: (
-        "measured: {kept_KiB:.0f} KiB kept (A and B), sin {A_runs}x, addmm {B_runs}x, "
-        "as without checkpointing: mul keeps A outside the region, and early stop "
-        "ends the recomputation before sin. A region pays off only when what it drops "
-        "is not needed outside.").format(**region_measurements()))
+    correct="measured: {kept_KiB:.0f} KiB kept (A and B), sin {A_runs}x, addmm "
+    "{B_runs}x, as without checkpointing: mul keeps A outside the region, and early "
+    "stop ends the recomputation before sin. A region pays off only when what it drops "
+    "is not needed outside.")
 
 
 @core.checker(REGION)
@@ -111,8 +106,6 @@ def switch_with(name="activation_checkpointing_enable", **kwargs):  # a learner'
     return lambda model: getattr(model, name)(**kwargs)
 
 
-REENTRANT = ("the reentrant checkpoint ran: your kwargs replaced Transformers' "
-             "{'use_reentrant': False}. Hint: put \"use_reentrant\": False in them")
 BOTH = {"use_reentrant": False, "preserve_rng_state": False}
 SWITCH = core.Exercise(
     "1.2", measure=switch_run, configs=(4, 2), name="switch_on_checkpointing",
@@ -121,8 +114,9 @@ SWITCH = core.Exercise(
         (f"{OLD} is the deprecated name. Hint: activation_checkpointing_enable("
          "activation_checkpointing_kwargs=...).",
          switch_with(OLD, gradient_checkpointing_kwargs=BOTH)),
-        (f"{REENTRANT}.", switch_with(activation_checkpointing_kwargs={
-            "preserve_rng_state": False})),
+        ("the reentrant checkpoint ran: your kwargs replaced Transformers' "
+         "{'use_reentrant': False}. Hint: put \"use_reentrant\": False in them.",
+         switch_with(activation_checkpointing_kwargs={"preserve_rng_state": False})),
         ("backward replayed the forward's random numbers. Hint: pass "
          "\"preserve_rng_state\": False in activation_checkpointing_kwargs.",
          switch_with(activation_checkpointing_kwargs={"use_reentrant": False}))],
@@ -154,8 +148,8 @@ class GatedBlock(torch.nn.Module):
         return h + self.down_proj(torch.nn.functional.silu(gate) * up)
 
 
-def gated_blocks(n_blocks, width, hidden, rows, seed=0):  # the same at every call
-    torch.manual_seed(seed)  # check() puts the learner's random state back
+def gated_blocks(n_blocks, width, hidden, rows):  # the same at every call
+    torch.manual_seed(0)  # check() puts the learner's random state back
     blocks = torch.nn.ModuleList(GatedBlock(width, hidden) for _ in range(n_blocks))
     return blocks, torch.randn(rows, width)
 
@@ -172,9 +166,8 @@ def policy_run(policy, rows):
     plain = torch.autograd.grad(block(h).sum(), list(block.parameters()))
     kept = core.learner(measure_memory, loss).saved_bytes  # its backward fills .grad
     same = all_close([p.grad for p in block.parameters()], plain)
-    _, backward = core.learner(count_ops, loss)
-    return {"kept_KiB": kept / KiB, "matmuls again": backward.get("addmm", 0),
-            "gradients": same}
+    return {"kept_KiB": kept / KiB, "gradients": same,
+            "matmuls again": core.learner(count_ops, loss)[1].get("addmm", 0)}
 
 
 SAVE, RECOMPUTE = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE
@@ -186,19 +179,16 @@ def keep_gate_and_up(ctx, op, *args, **kwargs):
     return SAVE if op == ADDMM and ctx.op_output.shape[-1] == 256 else RECOMPUTE
 
 
-def policy_saving(*saved):  # as a learner writes it: save the ops named
-    return lambda ctx, op, *args, **kwargs: SAVE if op in saved else RECOMPUTE
-
-
 POLICY = core.Exercise(
     "1.3", measure=policy_run, intended=keep_gate_and_up, configs=(128, 32),
     name="keep_what_backward_reads", same=core.close(rel=1e-3),
     mistakes=[
         ("down_proj's output stayed too, and no backward reads it. Hint: ctx.op_output"
-         "'s shape tells gate and up from down_proj.", policy_saving(ADDMM)),
+         "'s shape tells gate and up from down_proj.",
+         lambda ctx, op, *args, **kwargs: SAVE if op == ADDMM else RECOMPUTE),
         ("nothing was saved, so gate's and up's matmuls ran again. Hint: return "
          "MUST_SAVE for torch.ops.aten.addmm.default (torch.addmm is another object).",
-         policy_saving(torch.addmm))],
+         lambda ctx, op, *args, **kwargs: SAVE if op == torch.addmm else RECOMPUTE)],
     describe="save exactly the matmul outputs that some backward reads.",
     label="{} rows", correct="{kept_KiB:.0f} KiB kept (gate and up), no matmul run "
     "again, identical gradients, with 128 and 32 rows. down_proj's output need not "
@@ -216,19 +206,16 @@ def run_blocks(blocks, h):  # each block's output is the next one's input
     return functools.reduce(lambda h, block: block(h), blocks, h)
 
 
-def balanced_sizes(n_blocks, segments):  # lengths within one, the longest last
-    shorter, longer = divmod(n_blocks, segments)
-    return [shorter] * (segments - longer) + [shorter + 1] * longer
+def balanced_bounds(n_blocks, segments):  # lengths within one, the longest last
+    size, longer = divmod(n_blocks, segments)
+    ends = itertools.accumulate([size] * (segments - longer) + [size + 1] * longer)
+    return itertools.pairwise([0, *ends])
 
 
 def every_segment_checkpointed(blocks, h, segments, use_reentrant=False):
-    """The intended answer of 1.4. Of the balanced orders, longest last peaks highest
-    (backward recomputes the last segment first, while every other input is alive)."""
-    start = 0
-    for size in balanced_sizes(len(blocks), segments):
-        h = checkpoint(run_blocks, blocks[start:start + size], h,
-                       use_reentrant=use_reentrant)
-        start += size
+    """The intended answer of 1.4, longest segments last: the highest balanced peak."""
+    for start, end in balanced_bounds(len(blocks), segments):
+        h = checkpoint(run_blocks, blocks[start:end], h, use_reentrant=use_reentrant)
     return h
 
 
@@ -255,7 +242,6 @@ def stack_run(forward, case):
         return value
 
     report = core.learner(measure_memory, loss)  # its backward fills .grad
-    grads = [p.grad for p in blocks.parameters()]
     # the runs of consecutive blocks recomputed together: index - position is constant
     together = itertools.groupby(enumerate(recomputed), lambda pair: pair[1] - pair[0])
     return {**outcome, "kept_KiB": report.saved_bytes / KiB,
@@ -263,23 +249,20 @@ def stack_run(forward, case):
             "recomputed together": tuple(sorted(len(list(run)) for _, run in together)),
             "kept their insides": tuple(i for i in range(n_blocks)
                                         if report.kept("silu", i)),
-            "gradients": None not in grads and all_close(grads, plain)}
+            "gradients": all_close([p.grad for p in blocks.parameters()], plain)}
 
 
 def same_stack(got, expected):
-    """The same, or a lower peak: balanced segments longest first peak lower."""
-    if isinstance(got, dict) and isinstance(expected, dict) and "peak_KiB" in got:
+    """Or a lower peak: backward recomputes the last segment while all inputs live."""
+    if isinstance(got, dict) and "peak_KiB" in got:  # then expected is a dict too
         got = got | {"peak_KiB": max(got["peak_KiB"], expected.get("peak_KiB", 0))}
     return core.close(1e-3)(got, expected)
 
 
 def late_binding(blocks, h, segments):  # the lambda reads start and end in backward
-    start = 0
-    for size in balanced_sizes(len(blocks), segments):
-        end = start + size
+    for start, end in balanced_bounds(len(blocks), segments):
         h = checkpoint(lambda x: run_blocks(blocks[start:end], x), h,  # noqa: B023
                        use_reentrant=False)
-        start = end
     return h
 
 
@@ -296,7 +279,6 @@ SEGMENTS = core.Exercise(
          late_binding),
         ("without use_reentrant=False, checkpoint takes the reentrant path, and its "
          "output needs no gradient (PyTorch warned). Hint: use_reentrant=False.",
-         # use_reentrant=None: as if the learner left it out
          functools.partial(every_segment_checkpointed, use_reentrant=None))],
     describe="every block once, in order, in segments whose lengths differ by at most "
     "one (divmod(len(blocks), segments)), each in its own checkpoint.",
