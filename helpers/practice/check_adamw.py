@@ -122,8 +122,10 @@ def measure_budget(answer, config):
                for part in PARTS}, FITS: bool(budget[FITS])}
 
 
-def budget(bytes_per_parameter=(2, 2, 4, 8), fits=False, n=N_7B):  # a learner's
-    return {**{part: b * n for part, b in zip(PARTS, bytes_per_parameter)}, FITS: fits}
+def budget(bytes_per_parameter=(2, 2, 4, 8), fits=None, n=N_7B):  # a learner's
+    """As a learner computes it: ``fits`` from the total, unless given."""
+    parts = {part: b * n for part, b in zip(PARTS, bytes_per_parameter)}
+    return {**parts, FITS: sum(parts.values()) <= GPU_BYTES if fits is None else fits}
 
 
 def budget_correct(per_parameter, config):
