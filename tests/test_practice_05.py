@@ -1,18 +1,16 @@
-"""Practice 5 (mixed precision): right answers written several ways pass, each listed
-mistake gets its own hint, answers in the wrong form are named."""
+"""Practice 5 (mixed precision): right answers pass, and mistakes get their hints."""
 from fractions import Fraction
 
 import numpy as np
 import pytest
 import torch
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState
 from practice_support import assert_judged, assert_verdict, draws_after_seeding
 from transformers import TrainingArguments
 
 from helpers.practice import check_mixed_precision as l5
 from helpers.practice.core import (
-    CORRECT,
-    NOT_DONE,
     WRONG,
     cached_outcome,
     check,
@@ -21,75 +19,60 @@ from helpers.practice.core import (
 )
 from helpers.practice.fixtures import ON_CPU
 
-# --- 5.1: what autocast runs in bfloat16 --------------------------------------------
-
 
 def test_5_1_judges_predictions_by_the_counted_dtypes():
-    assert l5.measured_dtypes_5_1() == l5.AUTOCAST_DTYPES
-    as_dtypes = {op: getattr(torch, name) for op, name in l5.AUTOCAST_DTYPES.items()}
-    assert_judged(l5.PREDICTION, as_dtypes)
-    both_wrong = {**l5.AUTOCAST_DTYPES, "_softmax": "float32", "gelu": "float32"}
-    assert_verdict(check(l5.PREDICTION, both_wrong), WRONG, "gelu ran in bfloat16",
-                   "_softmax ran in bfloat16")
+    measured = l5.PREDICTION.measure(l5.AUTOCAST_DTYPES, None)
+    assert all(ran == predicted for ran, predicted in measured.values())
+    assert_judged(l5.PREDICTION, {op: getattr(torch, d) for op, d in
+                                  l5.AUTOCAST_DTYPES.items()})
+    lesson_figure = {**l5.AUTOCAST_DTYPES, "native_layer_norm": "float32"}
+    assert_verdict(check(l5.PREDICTION, lesson_figure), WRONG,  # the usual wrong one
+                   "native_layer_norm ran in bfloat16, not float32: on the CPU")
+    both_wrong = {**l5.AUTOCAST_DTYPES, "_softmax": "float32", "gelu": "bf16"}
+    assert_verdict(check(l5.PREDICTION, both_wrong), WRONG,
+                   "gelu ran in bfloat16, not bf16", "_softmax ran in bfloat16")
+    for wrong_form in ({"gelu": "bfloat16"}, ["bfloat16"] * 6):
+        assert_verdict(check(l5.PREDICTION, wrong_form), WRONG, "should be a dict "
+                       "with a dtype for each of embedding, addmm, gelu")
 
 
-@pytest.mark.parametrize("prediction, fragment", [
-    ({**l5.AUTOCAST_DTYPES, "addmm": "bf16"}, '"bfloat16" or "float32"'),
-    ({op: d for op, d in l5.AUTOCAST_DTYPES.items() if op != "gelu"}, "lacks 'gelu'"),
-    (["bfloat16"] * 6, "should be a dict"),
-])
-def test_5_1_names_an_answer_in_the_wrong_form(prediction, fragment):
-    assert_verdict(l5.check_autocast_prediction.verdict(prediction), WRONG, fragment)
-
-
-# --- 5.2: bfloat16 in Trainer and in Accelerator ------------------------------------
-
-def test_5_2_judges_both_setups_by_what_they_ran():
+def test_5_2_judges_both_setups_by_what_they_ran_and_keeps_the_learners_state():
+    AcceleratorState._reset_state(reset_partial_state=True)
+    learners = Accelerator(mixed_precision="bf16")
     assert_judged(l5.BF16_SETUPS, (
         lambda d: TrainingArguments(output_dir=d, bf16=True, use_cpu=ON_CPU,
                                     report_to="none", logging_steps=5),
         lambda: Accelerator(mixed_precision="bf16", cpu=ON_CPU)))
-
-
-@pytest.mark.skipif(not ON_CPU, reason="these two run in float32 on a CPU only")
-@pytest.mark.parametrize("settings", [dict(fp16=True), dict(bf16_full_eval=True)])
-def test_5_2_other_settings_that_train_in_float32_on_a_cpu(settings):
-    answer = (l5.args_with(use_cpu=True, **settings), l5.BF16_ACCELERATOR)
-    assert_verdict(check(l5.BF16_SETUPS, answer), WRONG, "Trainer trained in float32")
+    assert learners.state.mixed_precision == "bf16"  # the learner's, put back
+    assert cached_outcome(l5.BF16_SETUPS, "intended", 0)["trainer"][0] == ["bfloat16"]
+    AcceleratorState._reset_state(reset_partial_state=True)
 
 
 def test_5_2_names_a_wrong_kind_of_answer_and_an_unfinished_one():
-    autocast = (l5.BF16_ARGS, lambda: torch.autocast("cpu", dtype=torch.bfloat16))
-    assert_verdict(l5.check_bf16_setups.verdict(*autocast), WRONG,
-                   "should return Accelerator(...), but returned autocast")
+    answers = {"should return Accelerator(...), but returned autocast": (
+        l5.BF16_ARGS, lambda: torch.autocast("cpu", dtype=torch.bfloat16)),
+        "Unknown mixed_precision mode: bfloat16": (
+            l5.BF16_ARGS, lambda: Accelerator(mixed_precision="bfloat16"))}
+    if ON_CPU:  # bf16=True without a bfloat16 GPU
+        answers["assign use_cpu"] = (l5.args_with(bf16=True), l5.BF16_ACCELERATOR)
+    for fragment, answer in answers.items():  # no Trainer runs: the Accelerator first
+        assert_verdict(l5.check_bf16_setups.verdict(*answer), WRONG, fragment)
     assert_verdict(l5.check_bf16_setups.verdict(lambda d: ..., l5.BF16_ACCELERATOR),
-                   NOT_DONE, "make_training_args")
+                   "not done yet", "make_training_args")
 
-
-def test_5_2_puts_the_learners_accelerate_state_back():
-    from accelerate.state import AcceleratorState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    learners = Accelerator(mixed_precision="bf16")
-    assert_verdict(check(l5.BF16_SETUPS, l5.BF16_SETUPS.intended), CORRECT)
-    assert learners.state.mixed_precision == "bf16"
-    AcceleratorState._reset_state(reset_partial_state=True)
-
-
-# --- 5.3: bytes per parameter of two recipes ----------------------------------------
 
 def test_5_3_judges_numbers_of_any_type_against_a_real_step():
     assert [round(held, 2) for held in l5.measured_recipes()] == [8.0, 12.0]
     assert_judged(l5.BYTES, (np.sum([2, 2, 2, 2]), 12.0), (np.float32(8), np.int64(12)),
                   (Fraction(8001, 1000), torch.tensor(12)))
-
-
-def test_5_3_two_wrong_numbers_get_a_hint_each():
-    assert_verdict(l5.check_bytes_per_parameter.verdict(16, 16), WRONG,
-                   "pure_bf16_adamw_bytes = 16", "float32 training's",
-                   "accelerate_bf16_sgd_bytes = 16", "AdamW's state")
-    assert_verdict(l5.check_bytes_per_parameter.verdict("8 bytes", 12), WRONG,
-                   "should be a number")
+    for answer, fragments in [
+            ((16, 16), ["pure_bf16_adamw_bytes = 16: that is float32 training's",
+                        "accelerate_bf16_sgd_bytes = 16: that is AdamW's state"]),
+            # bfloat16 weights or bfloat16 gradients: the hint blames neither alone
+            ((8, 10), ["keeps weights, gradients and momentum in float32"]),
+            ((7, 12), ["real step held 8.001 bytes per parameter"]),
+            (("8 bytes", 12), ["should be a number"])]:
+        assert_verdict(l5.check_bytes_per_parameter.verdict(*answer), WRONG, *fragments)
 
 
 # --- 5.4: float16 with a GradScaler, and clipping -----------------------------------
