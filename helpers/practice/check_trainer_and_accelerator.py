@@ -4,6 +4,8 @@ import functools
 
 import torch
 import torch.nn.functional as F
+from accelerate import Accelerator
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from helpers.data import make_dataloader
 from helpers.models import flat_parameters
@@ -37,8 +39,6 @@ def measure_arguments(make_training_args, config):
 
 def trained(micro_batch, accumulation, checkpointing, checkpointing_kwargs):
     """Each forward pass's examples in a Trainer step; each layer's runs per pass."""
-    from transformers.modeling_layers import GradientCheckpointingLayer
-
     model, rows, runs = fixtures.tiny_model(), [], []
     model.register_forward_pre_hook(
         lambda module, args, kwargs: rows.append(len(kwargs["input_ids"])),
@@ -73,9 +73,7 @@ TRAINING_ARGUMENTS = core.Exercise(
         ("no layer was recomputed in backward: activation_checkpointing=True.",
          arguments(activation_checkpointing=False)),
         ("gradient_checkpointing is the deprecated name: use activation_checkpointing.",
-         arguments(activation_checkpointing=None, gradient_checkpointing=True)),
-        ('evaluation should run every epoch: eval_strategy="epoch".',
-         arguments(eval_strategy="no"))],
+         arguments(activation_checkpointing=None, gradient_checkpointing=True))],
     error_hints=[("evaluation_strategy", "Transformers renamed it eval_strategy.")],
     describe='64 examples per step, 8 at a time, every layer recomputed, eval "epoch".',
     correct=lambda got, config: (
@@ -153,8 +151,6 @@ def check_logged_loss_prediction(predict_logged_losses):
 # --- 2.3: find the two bugs in an accumulation loop ---------------------------------
 def measure_loop(loop, accumulation):
     """What ``loop`` did on 2 x ``accumulation`` micro-batches of 8."""
-    from accelerate import Accelerator
-
     model = fixtures.tiny_model(seed=1)
     optimizer = torch.optim.SGD(model.parameters(), lr=SGD["learning_rate"])
     rates = []  # one per real step: Accelerate skips the calls that only accumulate
@@ -222,9 +218,7 @@ LOOP = core.Exercise(
         ("each gradient was divided twice: accelerator.backward(loss) already divides "
          "the loss by the accumulation steps.", accumulate_by_hand(
              lambda accelerator, loss: accelerator.backward(
-                 loss / accelerator.gradient_accumulation_steps), False)),
-        ("the weights are right, but fixed_loop returned None: return step_losses, "
-         "each optimizer step's mean loss.", fixtures.accelerate_loop)],
+                 loss / accelerator.gradient_accumulation_steps), False))],
     describe="each step must use the mean gradient of its micro-batches, and return "
     "each step's mean loss.", same=SAME_WEIGHTS,
     correct="4 micro-batches of 8 gave the weights of 2 plain SGD steps on batches of "
@@ -264,35 +258,27 @@ def summed(outputs, labels, num_items_in_batch):  # the intended answer
     return F.cross_entropy(outputs.logits, labels, reduction="sum") / num_items_in_batch
 
 
-def mean(outputs, labels):  # the mistakes start from it
-    return F.cross_entropy(outputs.logits, labels)
-
-
 UNEVEN = core.Exercise(  # 40 examples in micro-batches of 16, 16 and 8; then 16 and 8
     "2.4", measure_loss_function, summed, configs=((40, 3), (24, 2)),
     name="step_mean_loss", label="{} examples accumulated {} at a time",
     mistakes=[
         ("each micro-batch's own mean: with a compute_loss_func Trainer does not "
          "divide by the accumulation steps, so the step went about 3 times too far.",
-         lambda outputs, labels, num_items_in_batch: mean(outputs, labels)),
+         lambda outputs, labels, num_items_in_batch: summed(
+             outputs, labels, len(labels))),
         ("the mean of the 3 micro-batch means weighs the 8 examples of the last one "
          "twice. Sum the losses and divide by num_items_in_batch.",
-         lambda outputs, labels, num_items_in_batch: mean(outputs, labels) / 3),
+         lambda outputs, labels, num_items_in_batch: summed(
+             outputs, labels, 3 * len(labels))),
         ("the sum of the losses, 40 times the mean: divide it by num_items_in_batch.",
          lambda outputs, labels, num_items_in_batch: summed(outputs, labels, 1)),
-        ("the mean is already divided by its examples: divide the sum by "
-         "num_items_in_batch instead.", lambda outputs, labels, num_items_in_batch:
-         mean(outputs, labels) / num_items_in_batch),
         ("40 is the first step's count; the check's second step has 24: divide by "
          "num_items_in_batch.",
          lambda outputs, labels, num_items_in_batch: summed(outputs, labels, 40))],
     error_hints=[
         ("*=: 'NoneType'", "step_mean_loss returned None: did you forget `return`?"),
         ("NoneType' and", "Trainer takes the labels out of the batch, so outputs.loss "
-                          "is None: use outputs.logits and labels."),
-        ("num_items_in_batch", "Trainer calls compute_loss_func(outputs, labels, "
-                               "num_items_in_batch=...)."),
-        ("has no attribute 'backward'", "return the loss as a tensor, not a number.")],
+                          "is None: use outputs.logits and labels.")],
     describe="each micro-batch's share is the sum of its examples' losses divided by "
     "num_items_in_batch.", same=SAME_WEIGHTS,
     correct="a Trainer step over micro-batches of 16, 16 and 8 gave the weights of one "
