@@ -5,7 +5,6 @@ import functools
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
-from transformers.modeling_layers import GradientCheckpointingLayer
 
 from helpers.data import make_dataloader
 from helpers.models import flat_parameters
@@ -19,38 +18,28 @@ SGD = dict(learning_rate=0.5, optim="sgd", lr_scheduler_type="constant",
 
 
 # --- 2.1: the slide's batch on a smaller GPU ---------------------------------------
-TRAINED = {}  # repr of the settings -> what one step with them did
-
-
 def measure_arguments(make_training_args, config):
-    """What a Trainer step with the settings did; eval strategy; the old name used."""
+    """Each forward pass's examples and each layer's runs in a Trainer step with the
+    settings; the eval strategy; whether the deprecated name was used."""
     with core.explaining_warnings("`gradient_checkpointing` is deprecated") as old:
         args = fixtures.learners_arguments(make_training_args)
-    settings = (args.per_device_train_batch_size, args.gradient_accumulation_steps,
-                args.activation_checkpointing, args.activation_checkpointing_kwargs)
-    if settings[0] * settings[1] > 512:  # too many to train here, and wrong anyway
-        raise core.Wrong(f"one optimizer step would learn from {settings[0]} x "
-                         f"{settings[1]} examples, not 64.")
-    if repr(settings) not in TRAINED:  # trained already, by this answer or a mistake
-        TRAINED[repr(settings)] = core.learner(trained, *settings)
+        micro_batch = args.per_device_train_batch_size
+        accumulation = args.gradient_accumulation_steps
+        if micro_batch * accumulation > 512:  # too many to train here, and wrong anyway
+            raise core.Wrong(f"one optimizer step would learn from {micro_batch} x "
+                             f"{accumulation} examples, not 64.")
+        model, rows, runs = fixtures.tiny_model(), [], []
+        model.register_forward_pre_hook(
+            lambda module, inputs, kwargs: rows.append(len(kwargs["input_ids"])),
+            with_kwargs=True)
+        layers = model.distilbert.transformer.layer  # each a GradientCheckpointingLayer
+        for layer in layers:  # its first module runs inside the checkpoint: recomputed
+            next(layer.children()).register_forward_pre_hook(
+                lambda module, inputs: runs.append(module))
+        core.learner(fixtures.trainer_run, micro_batch * accumulation, micro_batch,
+                     accumulation, make_args=make_training_args, model=model)
     return {"eval_strategy": getattr(args.eval_strategy, "value", args.eval_strategy),
-            "deprecated name": bool(old), **TRAINED[repr(settings)]}
-
-
-def trained(micro_batch, accumulation, checkpointing, checkpointing_kwargs):
-    """Each forward pass's examples in a Trainer step; each layer's runs per pass."""
-    model, rows, runs = fixtures.tiny_model(), [], []
-    model.register_forward_pre_hook(
-        lambda module, args, kwargs: rows.append(len(kwargs["input_ids"])),
-        with_kwargs=True)
-    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
-    for layer in layers:  # its first module runs inside the checkpoint: recomputes too
-        next(layer.children()).register_forward_pre_hook(
-            lambda module, args: runs.append(module))
-    fixtures.trainer_run(micro_batch * accumulation, micro_batch, accumulation,
-                         model=model, activation_checkpointing=checkpointing,
-                         activation_checkpointing_kwargs=checkpointing_kwargs)
-    return {"micro-batches": tuple(rows),
+            "deprecated name": bool(old), "micro-batches": tuple(rows),
             "runs per micro-batch": len(runs) / len(rows) / len(layers)}
 
 
@@ -76,11 +65,10 @@ TRAINING_ARGUMENTS = core.Exercise(
          arguments(activation_checkpointing=None, gradient_checkpointing=True))],
     error_hints=[("evaluation_strategy", "Transformers renamed it eval_strategy.")],
     describe='64 examples per step, 8 at a time, every layer recomputed, eval "epoch".',
-    correct=lambda got, config: (
-        f"a real Trainer step learned from {sum(got['micro-batches'])} examples in "
-        f"{len(got['micro-batches'])} micro-batches of {got['micro-batches'][0]}, each "
-        "layer ran forward twice per micro-batch (recomputed in backward), and "
-        "evaluation runs every epoch."))
+    correct=lambda got, config: "a real Trainer step learned from {} examples in {} "
+    "micro-batches of {}, each layer ran forward twice per micro-batch (recomputed in "
+    "backward), and evaluation runs every epoch.".format(
+        sum(got["micro-batches"]), len(got["micro-batches"]), got["micro-batches"][0]))
 
 
 @core.checker(TRAINING_ARGUMENTS)
@@ -89,9 +77,8 @@ def check_training_arguments(make_training_args):
 
 
 # --- 2.2: predict what Trainer logs -------------------------------------------------
-@functools.cache
-def micro_batch_losses():  # each of the 10, as Trainer logs it with no accumulation
-    return trainer_logs(None, 1, False)
+# the loss of each of the 10 micro-batches, as Trainer logs it with no accumulation
+micro_batch_losses = functools.cache(lambda: trainer_logs(None, 1, False))
 
 
 def trainer_logs(micro_batch_losses, accumulation, accepts_loss_kwargs):
@@ -161,14 +148,12 @@ def measure_loop(loop, accumulation):
         accelerator = Accelerator(gradient_accumulation_steps=accumulation,
                                   cpu=fixtures.ON_CPU)
         accelerator.sync_gradients = True  # as in a fresh process, whatever ran before
-        prepared = accelerator.prepare(model, optimizer,
-                                       make_dataloader(examples, tokenizer, 8))
-        returned = core.learner(loop, accelerator, *prepared)
-    losses = (tuple(core.as_number(loss, "each loss fixed_loop returned")
-                    for loss in returned) if isinstance(returned, (list, tuple))
-              else type(returned).__name__)  # None, a tensor...
+        returned = core.learner(loop, accelerator, *accelerator.prepare(
+            model, optimizer, make_dataloader(examples, tokenizer, 8)))
     return {"weights": flat_parameters(model).cpu(), "rates": tuple(rates),
-            "losses": losses}
+            "losses": tuple(core.as_number(loss, "each loss fixed_loop returned")
+                            for loss in returned) if isinstance(returned, (list, tuple))
+            else type(returned).__name__}  # None, a tensor...
 
 
 def bigger_batches(accelerator, model, optimizer, dataloader):
@@ -247,8 +232,7 @@ def compare_with_bigger_batches(loop):
 # --- 2.4: uneven micro-batches, every example alike ---------------------------------
 def measure_loss_function(step_mean_loss, config):
     """The weights after a Trainer step with ``step_mean_loss``, the loss logged."""
-    examples, accumulation = config
-    trainer = core.learner(fixtures.trainer_run, examples, 16, accumulation, **SGD,
+    trainer = core.learner(fixtures.trainer_run, config[0], 16, config[1], **SGD,
                            compute_loss_func=step_mean_loss)
     return {"weights": flat_parameters(trainer.model).cpu(),
             "logged": fixtures.logged_losses(trainer)[0]}

@@ -78,8 +78,8 @@ def trainer_run(examples, micro_batch_size, accumulation=1, make_args=None,
 
     one_step = dict(max_steps=steps, logging_steps=1, save_strategy="no", report_to=[],
                     per_device_train_batch_size=micro_batch_size, disable_tqdm=True,
-                    gradient_accumulation_steps=accumulation,
-                    train_sampling_strategy="sequential")
+                    gradient_accumulation_steps=accumulation, eval_strategy="no",
+                    train_sampling_strategy="sequential", dataloader_pin_memory=False)
     data, tokenizer = training_examples(examples)
     with (tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as output_dir,
           fresh_accelerate_state(), global_random_state_kept()):
