@@ -107,7 +107,7 @@ def test_every_number_type_is_a_number_and_a_whole_one_an_int(value, number):
 @pytest.mark.parametrize("value, said", [
     (True, "truth value"), (torch.tensor(True), "truth value"), ("8", "of type str"),
     (None, "of type NoneType"), ([8], "of type list"), (torch.ones(2), "of shape (2,)"),
-    (torch.tensor(1, device="meta"), "meta device"), (2.5, "rounds up (math.ceil)"),
+    (torch.tensor(1, device="meta"), "device='meta'"), (2.5, "rounds up (math.ceil)"),
     (torch.tensor(math.nan), "nan: a division"), (-math.inf, "-inf: a division")])
 def test_what_is_not_a_whole_number_is_named_with_a_hint(value, said):
     with pytest.raises(core.Wrong, match="^bytes should be a whole number, but") as no:

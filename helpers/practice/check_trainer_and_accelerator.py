@@ -4,6 +4,7 @@ import functools
 
 import torch
 import torch.nn.functional as F
+from accelerate import Accelerator
 
 from helpers.data import make_dataloader
 from helpers.models import flat_parameters
@@ -17,40 +18,28 @@ SGD = dict(learning_rate=0.5, optim="sgd", lr_scheduler_type="constant",
 
 
 # --- 2.1: the slide's batch on a smaller GPU ---------------------------------------
-TRAINED = {}  # repr of the settings -> what one step with them did
-
-
 def measure_arguments(make_training_args, config):
-    """What a Trainer step with the settings did; eval strategy; the old name used."""
+    """Each forward pass's examples and each layer's runs in a Trainer step with the
+    settings; the eval strategy; whether the deprecated name was used."""
     with core.explaining_warnings("`gradient_checkpointing` is deprecated") as old:
         args = fixtures.learners_arguments(make_training_args)
-    settings = (args.per_device_train_batch_size, args.gradient_accumulation_steps,
-                args.activation_checkpointing, args.activation_checkpointing_kwargs)
-    if settings[0] * settings[1] > 512:  # too many to train here, and wrong anyway
-        raise core.Wrong(f"one optimizer step would learn from {settings[0]} x "
-                         f"{settings[1]} examples, not 64.")
-    if repr(settings) not in TRAINED:  # trained already, by this answer or a mistake
-        TRAINED[repr(settings)] = core.learner(trained, *settings)
+        micro_batch = args.per_device_train_batch_size
+        accumulation = args.gradient_accumulation_steps
+        if micro_batch * accumulation > 512:  # too many to train here, and wrong anyway
+            raise core.Wrong(f"one optimizer step would learn from {micro_batch} x "
+                             f"{accumulation} examples, not 64.")
+        model, rows, runs = fixtures.tiny_model(), [], []
+        model.register_forward_pre_hook(
+            lambda module, inputs, kwargs: rows.append(len(kwargs["input_ids"])),
+            with_kwargs=True)
+        layers = model.distilbert.transformer.layer  # each a GradientCheckpointingLayer
+        for layer in layers:  # its first module runs inside the checkpoint: recomputed
+            next(layer.children()).register_forward_pre_hook(
+                lambda module, inputs: runs.append(module))
+        core.learner(fixtures.trainer_run, micro_batch * accumulation, micro_batch,
+                     accumulation, make_args=make_training_args, model=model)
     return {"eval_strategy": getattr(args.eval_strategy, "value", args.eval_strategy),
-            "deprecated name": bool(old), **TRAINED[repr(settings)]}
-
-
-def trained(micro_batch, accumulation, checkpointing, checkpointing_kwargs):
-    """Each forward pass's examples in a Trainer step; each layer's runs per pass."""
-    from transformers.modeling_layers import GradientCheckpointingLayer
-
-    model, rows, runs = fixtures.tiny_model(), [], []
-    model.register_forward_pre_hook(
-        lambda module, args, kwargs: rows.append(len(kwargs["input_ids"])),
-        with_kwargs=True)
-    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
-    for layer in layers:  # its first module runs inside the checkpoint: recomputes too
-        next(layer.children()).register_forward_pre_hook(
-            lambda module, args: runs.append(module))
-    fixtures.trainer_run(micro_batch * accumulation, micro_batch, accumulation,
-                         model=model, activation_checkpointing=checkpointing,
-                         activation_checkpointing_kwargs=checkpointing_kwargs)
-    return {"micro-batches": tuple(rows),
+            "deprecated name": bool(old), "micro-batches": tuple(rows),
             "runs per micro-batch": len(runs) / len(rows) / len(layers)}
 
 
@@ -73,16 +62,13 @@ TRAINING_ARGUMENTS = core.Exercise(
         ("no layer was recomputed in backward: activation_checkpointing=True.",
          arguments(activation_checkpointing=False)),
         ("gradient_checkpointing is the deprecated name: use activation_checkpointing.",
-         arguments(activation_checkpointing=None, gradient_checkpointing=True)),
-        ('evaluation should run every epoch: eval_strategy="epoch".',
-         arguments(eval_strategy="no"))],
+         arguments(activation_checkpointing=None, gradient_checkpointing=True))],
     error_hints=[("evaluation_strategy", "Transformers renamed it eval_strategy.")],
     describe='64 examples per step, 8 at a time, every layer recomputed, eval "epoch".',
-    correct=lambda got, config: (
-        f"a real Trainer step learned from {sum(got['micro-batches'])} examples in "
-        f"{len(got['micro-batches'])} micro-batches of {got['micro-batches'][0]}, each "
-        "layer ran forward twice per micro-batch (recomputed in backward), and "
-        "evaluation runs every epoch."))
+    correct=lambda got, config: "a real Trainer step learned from {} examples in {} "
+    "micro-batches of {}, each layer ran forward twice per micro-batch (recomputed in "
+    "backward), and evaluation runs every epoch.".format(
+        sum(got["micro-batches"]), len(got["micro-batches"]), got["micro-batches"][0]))
 
 
 @core.checker(TRAINING_ARGUMENTS)
@@ -91,9 +77,8 @@ def check_training_arguments(make_training_args):
 
 
 # --- 2.2: predict what Trainer logs -------------------------------------------------
-@functools.cache
-def micro_batch_losses():  # each of the 10, as Trainer logs it with no accumulation
-    return trainer_logs(None, 1, False)
+# the loss of each of the 10 micro-batches, as Trainer logs it with no accumulation
+micro_batch_losses = functools.cache(lambda: trainer_logs(None, 1, False))
 
 
 def trainer_logs(micro_batch_losses, accumulation, accepts_loss_kwargs):
@@ -153,8 +138,6 @@ def check_logged_loss_prediction(predict_logged_losses):
 # --- 2.3: find the two bugs in an accumulation loop ---------------------------------
 def measure_loop(loop, accumulation):
     """What ``loop`` did on 2 x ``accumulation`` micro-batches of 8."""
-    from accelerate import Accelerator
-
     model = fixtures.tiny_model(seed=1)
     optimizer = torch.optim.SGD(model.parameters(), lr=SGD["learning_rate"])
     rates = []  # one per real step: Accelerate skips the calls that only accumulate
@@ -165,14 +148,12 @@ def measure_loop(loop, accumulation):
         accelerator = Accelerator(gradient_accumulation_steps=accumulation,
                                   cpu=fixtures.ON_CPU)
         accelerator.sync_gradients = True  # as in a fresh process, whatever ran before
-        prepared = accelerator.prepare(model, optimizer,
-                                       make_dataloader(examples, tokenizer, 8))
-        returned = core.learner(loop, accelerator, *prepared)
-    losses = (tuple(core.as_number(loss, "each loss fixed_loop returned")
-                    for loss in returned) if isinstance(returned, (list, tuple))
-              else type(returned).__name__)  # None, a tensor...
+        returned = core.learner(loop, accelerator, *accelerator.prepare(
+            model, optimizer, make_dataloader(examples, tokenizer, 8)))
     return {"weights": flat_parameters(model).cpu(), "rates": tuple(rates),
-            "losses": losses}
+            "losses": tuple(core.as_number(loss, "each loss fixed_loop returned")
+                            for loss in returned) if isinstance(returned, (list, tuple))
+            else type(returned).__name__}  # None, a tensor...
 
 
 def bigger_batches(accelerator, model, optimizer, dataloader):
@@ -222,9 +203,7 @@ LOOP = core.Exercise(
         ("each gradient was divided twice: accelerator.backward(loss) already divides "
          "the loss by the accumulation steps.", accumulate_by_hand(
              lambda accelerator, loss: accelerator.backward(
-                 loss / accelerator.gradient_accumulation_steps), False)),
-        ("the weights are right, but fixed_loop returned None: return step_losses, "
-         "each optimizer step's mean loss.", fixtures.accelerate_loop)],
+                 loss / accelerator.gradient_accumulation_steps), False))],
     describe="each step must use the mean gradient of its micro-batches, and return "
     "each step's mean loss.", same=SAME_WEIGHTS,
     correct="4 micro-batches of 8 gave the weights of 2 plain SGD steps on batches of "
@@ -253,8 +232,7 @@ def compare_with_bigger_batches(loop):
 # --- 2.4: uneven micro-batches, every example alike ---------------------------------
 def measure_loss_function(step_mean_loss, config):
     """The weights after a Trainer step with ``step_mean_loss``, the loss logged."""
-    examples, accumulation = config
-    trainer = core.learner(fixtures.trainer_run, examples, 16, accumulation, **SGD,
+    trainer = core.learner(fixtures.trainer_run, config[0], 16, config[1], **SGD,
                            compute_loss_func=step_mean_loss)
     return {"weights": flat_parameters(trainer.model).cpu(),
             "logged": fixtures.logged_losses(trainer)[0]}
@@ -264,35 +242,27 @@ def summed(outputs, labels, num_items_in_batch):  # the intended answer
     return F.cross_entropy(outputs.logits, labels, reduction="sum") / num_items_in_batch
 
 
-def mean(outputs, labels):  # the mistakes start from it
-    return F.cross_entropy(outputs.logits, labels)
-
-
 UNEVEN = core.Exercise(  # 40 examples in micro-batches of 16, 16 and 8; then 16 and 8
     "2.4", measure_loss_function, summed, configs=((40, 3), (24, 2)),
     name="step_mean_loss", label="{} examples accumulated {} at a time",
     mistakes=[
         ("each micro-batch's own mean: with a compute_loss_func Trainer does not "
          "divide by the accumulation steps, so the step went about 3 times too far.",
-         lambda outputs, labels, num_items_in_batch: mean(outputs, labels)),
+         lambda outputs, labels, num_items_in_batch: summed(
+             outputs, labels, len(labels))),
         ("the mean of the 3 micro-batch means weighs the 8 examples of the last one "
          "twice. Sum the losses and divide by num_items_in_batch.",
-         lambda outputs, labels, num_items_in_batch: mean(outputs, labels) / 3),
+         lambda outputs, labels, num_items_in_batch: summed(
+             outputs, labels, 3 * len(labels))),
         ("the sum of the losses, 40 times the mean: divide it by num_items_in_batch.",
          lambda outputs, labels, num_items_in_batch: summed(outputs, labels, 1)),
-        ("the mean is already divided by its examples: divide the sum by "
-         "num_items_in_batch instead.", lambda outputs, labels, num_items_in_batch:
-         mean(outputs, labels) / num_items_in_batch),
         ("40 is the first step's count; the check's second step has 24: divide by "
          "num_items_in_batch.",
          lambda outputs, labels, num_items_in_batch: summed(outputs, labels, 40))],
     error_hints=[
         ("*=: 'NoneType'", "step_mean_loss returned None: did you forget `return`?"),
         ("NoneType' and", "Trainer takes the labels out of the batch, so outputs.loss "
-                          "is None: use outputs.logits and labels."),
-        ("num_items_in_batch", "Trainer calls compute_loss_func(outputs, labels, "
-                               "num_items_in_batch=...)."),
-        ("has no attribute 'backward'", "return the loss as a tensor, not a number.")],
+                          "is None: use outputs.logits and labels.")],
     describe="each micro-batch's share is the sum of its examples' losses divided by "
     "num_items_in_batch.", same=SAME_WEIGHTS,
     correct="a Trainer step over micro-batches of 16, 16 and 8 gave the weights of one "

@@ -1,14 +1,11 @@
-"""The practice core (lessons 01-06): an ``Exercise`` is a ``measure``, the intended
-answer and its typical mistakes as code with their hints. ``check`` measures an answer
-and the intended one alike and, only where they differ, names the mistake whose
-outcomes the answer shares. It returns one of four verdicts and never raises."""
+"""The practice core (lessons 01-06): an ``Exercise`` is a measure, the intended answer
+and its typical mistakes as code with hints; ``check`` judges an answer by them."""
 import ast
 import contextlib
 import functools
 import inspect
 import math
 import numbers
-import operator
 import re
 import textwrap
 import traceback
@@ -17,11 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import torch
+
 from helpers.language import verdict_line
 from helpers.paths import REPO_ROOT
+from helpers.random_state import global_random_state_kept
 
 CORRECT, WRONG, NOT_DONE = "correct", "not quite", "not done yet"
 CHECK_FAILED = "the check itself failed"  # a bug in the check, not a wrong answer
+AGAIN = "with your code, run that cell, then run this check again."  # not done yet
 
 
 @dataclass
@@ -54,8 +55,7 @@ class Raised:  # the outcome of an answer that raised: ``Type: its first sentenc
 
 
 def same_values(got, expected, rel=1e-6, abs_=1e-9):
-    """Whether two outcomes agree: numbers within ``rel``/``abs_``, tensors elementwise
-    (NaN alike), containers item by item, anything else by ==."""
+    """Whether two outcomes agree: numbers and tensors within ``rel``/``abs_``."""
     same = close(rel, abs_)
     if hasattr(got, "is_floating_point") and hasattr(expected, "is_floating_point"):
         return (got.shape == expected.shape and got.dtype == expected.dtype
@@ -77,8 +77,7 @@ def close(rel=1e-6, abs_=1e-9):  # an Exercise's ``same``, with these tolerances
 
 @dataclass(frozen=True, eq=False)  # compared and hashed by identity: a cache key
 class Exercise:
-    """One exercise: how to measure an answer, the right one, the usual wrong ones (a
-    text ``correct`` is formatted with the parts of a dict outcome)."""
+    """One exercise: how to measure an answer, the right one, the usual wrong ones."""
 
     number: str  # "5.4"
     measure: Callable  # measure(answer, config) -> outcome; runs the answer
@@ -94,17 +93,13 @@ class Exercise:
 
 
 def checker(exercise):
-    """The learner's check, from a function that only names it and its parameters: it
-    prints ``check(exercise, answer)`` (the answer: its argument, or the tuple of them);
-    its ``.verdict(...)`` returns the Verdict."""
+    """A check called like ``named``: it prints the Verdict; ``.verdict`` returns it."""
     def decorate(named):
         def verdict(*args, **kwargs):
             given = [*inspect.signature(named).bind(*args, **kwargs).arguments.values()]
             return check(exercise, tuple(given) if len(given) > 1 else given[0])
-
-        @functools.wraps(named)
-        def show(*args, **kwargs):
-            print(verdict(*args, **kwargs))
+        show = functools.wraps(named)(
+            lambda *args, **kwargs: print(verdict(*args, **kwargs)))
         show.verdict = verdict
         return show
     return decorate
@@ -112,29 +107,24 @@ def checker(exercise):
 
 def check(exercise, answer):
     """The Verdict on ``answer``, on one thread, the learner's random numbers kept."""
-    from helpers.random_state import global_random_state_kept
-
     try:
         if is_unfinished(answer):
-            raise NotDone(f"replace each `...` in {exercise.name} with your code, run "
-                          "that cell, then run this check again.")
+            raise NotDone(f"replace each `...` in {exercise.name} {AGAIN}")
         with one_thread(), global_random_state_kept():
             return Verdict(exercise.number, *judge(exercise, answer))
-    except NotDone as reason:
-        return Verdict(exercise.number, NOT_DONE, str(reason))
-    except Wrong as reason:
-        return Verdict(exercise.number, WRONG, str(reason))
+    except (NotDone, Wrong) as reason:
+        status = NOT_DONE if isinstance(reason, NotDone) else WRONG
+        return Verdict(exercise.number, status, str(reason))
     except Exception as error:  # the check's own: the learner's arrive as Raised
-        where = getattr(error, "where", "") or where_raised(error)
         return Verdict(exercise.number, CHECK_FAILED, (
             f"this is a bug in the check, not in your answer: {describe_error(error)}, "
-            f"raised at {where}. Please report it, with this message, to the course "
-            "maintainers (in the course's issue tracker)."))
+            f"raised at {getattr(error, 'where', '') or where_raised(error)}. Please "
+            "report it, with this message, to the course maintainers (in the course's "
+            "issue tracker)."))
 
 
 def judge(exercise, answer):
-    """(status, message) of a finished answer. Where it differs from the intended one,
-    the mistake it made is the one with its outcomes on every configuration."""
+    """(status, message); where the answer differs, the hint of the mistake it makes."""
     configs, mistakes = range(len(exercise.configs)), enumerate(exercise.mistakes)
     known = {"intended": exercise.intended} | {m: wrong for m, (_, wrong) in mistakes}
     which = next((which for which, listed in known.items() if listed is answer), None)
@@ -145,16 +135,14 @@ def judge(exercise, answer):
         bug = RuntimeError(f"the intended answer raised {bugs[0].error}")
         bug.where = bugs[0].where  # reported where the check's code raised
         raise bug
-    differing = [i for i in configs if not agree(exercise, got[i], expected[i])]
-    if not differing:
-        correct, first = exercise.correct, expected[0]
-        if callable(correct):
-            return CORRECT, correct(first, exercise.configs[0])
-        return CORRECT, correct.format(**first if isinstance(first, dict) else {})
+    first = next((i for i in configs if not agree(exercise, got[i], expected[i])), None)
+    if first is None:  # a text ``correct`` is formatted with a dict outcome's parts
+        correct, result = exercise.correct, expected[0]
+        return CORRECT, (correct(result, exercise.configs[0]) if callable(correct) else
+                         correct.format(**result if isinstance(result, dict) else {}))
     hint = next((hint for mistake, (hint, _) in enumerate(exercise.mistakes)
                  if all(agree(exercise, got[i], cached_outcome(exercise, mistake, i))
                         for i in configs)), None)
-    first = differing[0]
     got, expected, config = got[first], expected[first], exercise.configs[first]
     said = isinstance(got, Raised) and f"calling {exercise.name} raised {got.error}"
     if hint is not None:
@@ -170,15 +158,13 @@ def judge(exercise, answer):
 
 def agree(exercise, got, expected):
     """Whether two outcomes agree by ``exercise.same``; exceptions only if the same."""
-    if isinstance(got, Raised) or isinstance(expected, Raised):
-        return got == expected
-    return exercise.same(got, expected)
+    return (got == expected if Raised in (type(got), type(expected))
+            else exercise.same(got, expected))
 
 
 @functools.cache  # by identity: the intended answer and the mistakes never change
 def cached_outcome(exercise, which, index):
-    """The outcome of the intended answer (``which="intended"``) or of a mistake (its
-    index) on a configuration (its index), measured once."""
+    """The outcome of ``"intended"`` or mistake ``which`` on config ``index``, once."""
     answer = exercise.intended if which == "intended" else exercise.mistakes[which][1]
     try:
         return outcome(exercise, answer, exercise.configs[index])
@@ -187,8 +173,7 @@ def cached_outcome(exercise, which, index):
 
 
 def differences(exercise, got, expected, config):
-    """The default description: the configuration, what differs from the intended
-    outcome (not the intended values: they may be the answer), the hint."""
+    """Where and what differs (not the intended values: they may be the answer)."""
     def shown(key, value):  # tensors by name only: their values say nothing to read
         value = f"{value:.4g}" if isinstance(value, float) else short_repr(value, 60)
         return key if "tensor(" in value else f"{key} {value}"
@@ -208,9 +193,8 @@ def outcome(exercise, answer, config):
     """``measure(answer, config)``; a learner's exception becomes a Raised outcome."""
     try:
         return exercise.measure(answer, config)
-    except LearnerRaised as raised:  # its context: the answer's own exception
-        error = raised.__context__
-        return Raised(str(raised), error and where_raised(error))
+    except LearnerRaised as error:  # its context: the answer's own exception
+        return Raised(str(error), error.__context__ and where_raised(error.__context__))
 
 
 class LearnerRaised(Exception):  # raised by learner(): the learner's code raised
@@ -218,39 +202,30 @@ class LearnerRaised(Exception):  # raised by learner(): the learner's code raise
 
 
 def learner(function, *args, **kwargs):
-    """Call the learner's code (or code that runs it): its exception becomes one line,
-    and a function that still returns ``...`` is not done yet."""
+    """Call the learner's code: its exception in one line; ``...`` is not done yet."""
     try:
         result = function(*args, **kwargs)
     except (Wrong, NotDone, LearnerRaised):
         raise
-    except Exception as error:
-        # its first sentence: the rest of a library's message is advice of its own
+    except Exception as error:  # its first sentence: the rest is a library's advice
         raise LearnerRaised(describe_error(error).split(".  ")[0].rstrip(".")) from None
     if result is Ellipsis:
         raise NotDone(f"{getattr(function, '__name__', 'your function')} still returns "
-                      "`...`: replace each `...` in it with your code, run that cell, "
-                      "then run this check again.")
+                      f"`...`: replace each `...` in it {AGAIN}")
     return result
 
 
 def as_number(value, name="your answer", whole=False):
-    """``value`` as an int or a float, from any number type (NumPy, Fraction, Decimal,
-    a 0-d tensor); anything else, or a fraction if ``whole``, is Wrong, with a hint."""
+    """``value`` as an int or float from any number type, else Wrong with a hint."""
     said = f"{name} should be a {'whole ' if whole else ''}number, but it is"
     if isinstance(value, bool) or "bool" in str(getattr(value, "dtype", "")):
         raise Wrong(f"{said} {short_repr(value)}, a truth value. Hint: the number.")
-    if getattr(value, "is_meta", False) is True:
-        raise Wrong(f"{said} a tensor on PyTorch's meta device, without a value. Hint: "
-                    "compute with Python numbers (math.prod(shape)).")
     if shape := tuple(getattr(value, "shape", ())):
         raise Wrong(f"{said} of shape {shape}. Hint: one number (.item()).")
     with contextlib.suppress(Exception):
-        return operator.index(value)  # int, NumPy integers, 0-d integer tensors
-    try:  # float, NumPy floats, Fraction, Decimal, 0-d float tensors (not texts)
-        if isinstance(value, (str, bytes)):
-            raise TypeError
-        number = float(value.detach() if hasattr(value, "detach") else value)
+        return value.__index__()  # int, NumPy integers, 0-d integer tensors
+    try:  # float, NumPy floats, Fraction, Decimal, 0-d float tensors; not a text
+        number = (value.detach() if hasattr(value, "detach") else value).__float__()
     except Exception:
         raise Wrong(f"{said} {short_repr(value)}, of type {type(value).__name__}. "
                     "Hint: give a number.") from None
@@ -278,22 +253,19 @@ def listed(items):  # a; a and b; a, b and c; "" for none
 
 def short_repr(value, limit=80):
     """``repr(value)``, cut to ``limit`` characters (an answer may be anything)."""
-    try:
+    with contextlib.suppress(Exception):
         shown = repr(value)
-    except Exception:
-        return f"a {type(value).__name__}"
-    return shown if len(shown) <= limit else shown[:limit - 3] + "..."
+        return shown if len(shown) <= limit else shown[:limit - 3] + "..."
+    return f"a {type(value).__name__}"
 
 
 def describe_error(error):
     """``Type: first line of the message`` (or only the type), one line."""
-    lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+    return ": ".join([type(error).__name__, *str(error).strip().splitlines()[:1]])
 
 
 def where_raised(error):
-    """``path, line N`` of the innermost frame in the checks' code, else the innermost:
-    a library's frame would not say which line of the check to fix."""
+    """``path, line N`` of the innermost frame of the checks' code (else, innermost)."""
     frames = [(Path(frame.filename).resolve(), frame)
               for frame in traceback.extract_tb(error.__traceback__)]
     path, frame = ([(path, frame) for path, frame in frames if path.name != "core.py"
@@ -304,11 +276,10 @@ def where_raised(error):
 
 
 def is_unfinished(answer):
-    """Whether ``answer`` (a value, a container, a function's source) holds a `...`;
-    slicing such as ``x[..., 0]`` does not count."""
+    """Whether ``answer`` (a value, a container, a function's source) holds a `...`."""
     if isinstance(answer, (dict, list, tuple, set)):
-        values = answer.values() if isinstance(answer, dict) else answer
-        return any(is_unfinished(value) for value in values)
+        return any(map(is_unfinished, answer.values() if isinstance(answer, dict)
+                       else answer))
     if not inspect.isfunction(answer):
         return answer is Ellipsis
     try:
@@ -316,36 +287,31 @@ def is_unfinished(answer):
     except (OSError, TypeError, SyntaxError):
         return False  # no source to read: judge it by what it does
     in_slices = {id(node) for sub in ast.walk(tree) if isinstance(sub, ast.Subscript)
-                 for node in ast.walk(sub.slice)}
+                 for node in ast.walk(sub.slice)}  # x[..., 0] is code, not a gap
     return any(isinstance(node, ast.Constant) and node.value is Ellipsis
                and id(node) not in in_slices for node in ast.walk(tree))
 
 
 @contextlib.contextmanager
 def explaining_warnings(*explained):
-    """Catch the warnings whose message holds an ``explained`` text, for the verdict to
-    explain (in the list it yields, once the block ends); show every other one."""
-    explaining, caught = [], []
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            for text in explained:  # needed even where the learner's filters hide them
-                warnings.filterwarnings("always", message=f".*{re.escape(text)}")
-            yield explaining
-    finally:
-        for warning in caught:
-            if any(text in str(warning.message) for text in explained):
-                explaining.append(warning)
-            else:  # it already passed the learner's filters: show it as Python would
-                warnings.showwarning(warning.message, warning.category,
-                                     warning.filename, warning.lineno, warning.file,
-                                     warning.line)
+    """Warnings holding an ``explained`` text go in the list yielded; others show."""
+    explaining, show = [], warnings.showwarning
+
+    def caught(message, *where):  # the others already passed the learner's filters
+        if any(text in str(message) for text in explained):
+            return explaining.append(warnings.WarningMessage(message, *where))
+        show(message, *where)
+
+    with warnings.catch_warnings():
+        for text in explained:  # needed even where the learner's filters hide them
+            warnings.filterwarnings("always", message=f".*{re.escape(text)}")
+        warnings.showwarning = caught
+        yield explaining
 
 
 @contextlib.contextmanager
 def one_thread():
     """One CPU thread while a check runs (tiny tensors), the learner's count after."""
-    import torch  # here: the verdicts themselves need no torch
-
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -73,43 +73,36 @@ def trainer_run(examples, micro_batch_size, accumulation=1, make_args=None,
                 model=None, compute_loss_func=None, steps=1, **arguments):
     """The Trainer after ``steps`` steps of ``model`` (or a tiny one) on the first
     ``examples`` examples, with ``make_args`` or ``arguments``; the states put back."""
-    from transformers import DataCollatorWithPadding, Trainer, TrainingArguments
+    from transformers import DataCollatorWithPadding, Trainer
     from transformers.trainer_callback import PrinterCallback
 
     one_step = dict(max_steps=steps, logging_steps=1, save_strategy="no", report_to=[],
                     per_device_train_batch_size=micro_batch_size, disable_tqdm=True,
-                    gradient_accumulation_steps=accumulation,
-                    train_sampling_strategy="sequential")
+                    gradient_accumulation_steps=accumulation, eval_strategy="no",
+                    train_sampling_strategy="sequential", dataloader_pin_memory=False)
     data, tokenizer = training_examples(examples)
     with (tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as output_dir,
           fresh_accelerate_state(), global_random_state_kept()):
-        if make_args:  # the learner's arguments, made a short run
-            args = make_args(output_dir)
-            vars(args).update(one_step)
-        else:
-            args = TrainingArguments(output_dir, use_cpu=ON_CPU, **one_step,
-                                     **arguments)
+        args = (make_args or args_with(use_cpu=ON_CPU, **arguments))(output_dir)
+        vars(args).update(one_step)  # made a short run
         trainer = Trainer(model=model or tiny_model(), args=args, train_dataset=data,
                           compute_loss_func=compute_loss_func,
                           data_collator=DataCollatorWithPadding(tokenizer))
         trainer.remove_callback(PrinterCallback)  # it would print every log
-        thaw = gc.get_freeze_count() == 0  # a learner's own gc.freeze() left alone
         gc.freeze()  # train() starts with gc.collect(): 0.5 s over a kernel's objects
         try:
             trainer.train()
         finally:
-            if thaw:
-                gc.unfreeze()
+            gc.unfreeze()
     return trainer
 
 
-def logged_losses(trainer):
-    """The training losses ``trainer`` logged, one per optimizer step."""
+def logged_losses(trainer):  # the training losses, one per optimizer step
     return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
 
 
 def accelerate_loop(accelerator, model, optimizer, dataloader):
-    """Lesson 2's Accelerate loop (it returns nothing): 2.3's and 3.1's plain DDP."""
+    """Lesson 2's Accelerate loop (it returns nothing): 3.1's plain DDP."""
     for batch in dataloader:
         with accelerator.accumulate(model):
             accelerator.backward(model(**batch).loss)
