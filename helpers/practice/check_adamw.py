@@ -45,8 +45,6 @@ def prediction(number, name, after_step, cases, mistakes, correct):
         same=core.close(rel=0, abs_=0.5))  # whole bytes; the nearest mistake is 4 off
 
 
-# --- 4.1: AdamW's state, to the byte -----------------------------------------------
-
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 SHAPE_LISTS = [("an attention projection and its bias", [(768, 768), (768,)]),
                ("a 3-dimensional and a 0-dimensional tensor", [(4, 6, 8), (), (5,)]),
@@ -77,8 +75,6 @@ ADAMW_STATE = prediction(
 def check_optimizer_state_size(adamw_state_bytes):
     """``adamw_state_bytes(shapes, dtype)``: AdamW's state after one step, in bytes."""
 
-
-# --- 4.2: a 7B model's mixed-precision training budget ------------------------------
 
 # Llama-2-7B's sizes, from its config.json on the Hugging Face Hub
 LLAMA_2_7B = {"vocab_size": 32_000, "hidden_size": 4_096, "intermediate_size": 11_008,
@@ -158,8 +154,6 @@ def check_training_memory(training_bytes):
     """``training_bytes``: {part: bytes, FITS: True or False}, Llama-2-7B's."""
 
 
-# --- 4.3: find the bug in an AdamW step ---------------------------------------------
-
 HYPER = dict(lr=0.05, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)  # decay visible
 STEPS, SCALES = 10, (1.0, 1e-5)  # gradients of about 1, and tiny ones: eps counts
 
@@ -216,8 +210,6 @@ FIXED_STEP = core.Exercise(
 def check_fixed_step(fixed_step):
     """``fixed_step(param, grad, state, lr, betas, eps, weight_decay)``."""
 
-
-# --- 4.4: Adafactor's and 8-bit AdamW's state ---------------------------------------
 
 STATE_SHAPE_LISTS = [  # each tests a rule, at its edges: 4,096 values, blocks of 256
     [(256, 256), (256,), (256, 256), (256,)], [(5000,)], [(64, 64)], [(63, 65)],

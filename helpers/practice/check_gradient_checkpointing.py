@@ -14,8 +14,6 @@ from helpers.units import KiB
 all_close = core.close(rel=1e-5, abs_=1e-6)  # equal gradients, float32 rounding aside
 
 
-# --- 1.1: a region that ends before B ---------------------------------------------
-
 @functools.cache
 def region_measurements():
     """The intended answer, measured: A = sin(x) in the region, B = x @ W + b, A * B."""
@@ -67,8 +65,6 @@ REGION = core.Exercise(
 def check_region_before_b_prediction(prediction):
     """``prediction``: {"kept_KiB": n, "A_runs": n, "B_runs": n} for 1.1's graph."""
 
-
-# --- 1.2: the switch in Transformers, a colleague's line fixed ----------------------
 
 OLD = "gradient_checkpointing_enable"  # the deprecated name of the switch
 
@@ -131,8 +127,6 @@ SWITCH = core.Exercise(
 def check_switch_on_checkpointing(switch_on_checkpointing):
     """``switch_on_checkpointing(model)``: the switch, as the colleague wants it."""
 
-
-# --- 1.3 and 1.4: a gated MLP block (Llama's, with biases) --------------------------
 
 class GatedBlock(torch.nn.Module):
     """A residual gated MLP (SwiGLU, as in Llama): h + down(silu(gate(h)) * up(h))."""
@@ -199,8 +193,6 @@ POLICY = core.Exercise(
 def check_gated_block_policy(policy):
     """``policy(ctx, op, *args, **kwargs)``: no matmul again, nothing kept unread."""
 
-
-# --- 1.4: a stack of gated blocks in segments ---------------------------------------
 
 def run_blocks(blocks, h):  # each block's output is the next one's input
     return functools.reduce(lambda h, block: block(h), blocks, h)

@@ -17,7 +17,6 @@ SGD = dict(learning_rate=0.5, optim="sgd", lr_scheduler_type="constant",
            max_grad_norm=0.0)  # plain SGD, unclipped: a wrong scale shows in weights
 
 
-# --- 2.1: the slide's batch on a smaller GPU ---------------------------------------
 def measure_arguments(make_training_args, config):
     """Each forward pass's examples and each layer's runs in a Trainer step with the
     settings; the eval strategy; whether the deprecated name was used."""
@@ -76,7 +75,6 @@ def check_training_arguments(make_training_args):
     """``make_training_args(output_dir)``: exercise 2.1's TrainingArguments."""
 
 
-# --- 2.2: predict what Trainer logs -------------------------------------------------
 # the loss of each of the 10 micro-batches, as Trainer logs it with no accumulation
 micro_batch_losses = functools.cache(lambda: trainer_logs(None, 1, False))
 
@@ -135,7 +133,6 @@ def check_logged_loss_prediction(predict_logged_losses):
     """predict_logged_losses(micro_batch_losses, accumulation, accepts_loss_kwargs)"""
 
 
-# --- 2.3: find the two bugs in an accumulation loop ---------------------------------
 def measure_loop(loop, accumulation):
     """What ``loop`` did on 2 x ``accumulation`` micro-batches of 8."""
     model = fixtures.tiny_model(seed=1)
@@ -229,7 +226,6 @@ def compare_with_bigger_batches(loop):
           f"{len(losses) if isinstance(losses, tuple) else losses}")
 
 
-# --- 2.4: uneven micro-batches, every example alike ---------------------------------
 def measure_loss_function(step_mean_loss, config):
     """The weights after a Trainer step with ``step_mean_loss``, the loss logged."""
     trainer = core.learner(fixtures.trainer_run, config[0], 16, config[1], **SGD,
