@@ -62,7 +62,7 @@ def test_3_3_judges_the_loop_by_what_it_communicates_and_trains():
 
 def test_3_4_judges_the_averaging_on_three_processes():
     assert_verdict(l3.check_average_parameters.verdict(None), WRONG,
-                   "should be a function, not None")
+                   "raised TypeError: 'NoneType' object is not callable")
     assert_judged(l3.AVERAGING)
     assert_verdict(l3.check_average_parameters.verdict(l3.AVERAGING.intended),
                    CORRECT, "one all-reduce of 1,800 bytes (3,464 on the wider")
@@ -103,8 +103,8 @@ def test_3_3_and_3_4_right_answers_written_otherwise_measure_as_the_intended_one
     loops = [fixed_with_enumerate, l3.from_source(l3.FIXED_LOOP, ("model.train()", ""))]
     averages = [l3.AVERAGING.intended, all_reduce_then_divide, copied_by_hand]
     *runs, intended, averaged, copied = l3.launch(
-        [(l3.runs_of, loop) for loop in loops] + [(l3.probe, f) for f in averages])
-    fixed = l3.launched(l3.runs_of, l3.FIX.intended)  # kept from the first launch
+        [(l3.run_loop, loop) for loop in loops] + [(l3.probe, f) for f in averages])
+    fixed = l3.launched(l3.run_loop, l3.FIX.intended)  # kept from the first launch
     assert all(l3.FIX.same(run, fixed) for run in runs)
     assert l3.AVERAGING.same(averaged, intended), averaged
     assert l3.AVERAGING.same(copied, intended), copied

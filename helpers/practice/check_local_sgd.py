@@ -1,8 +1,6 @@
-"""Checks for practice 3 (lesson 03), on the core: each answer runs on 2 real processes
-(3 in exercise 3.4, where dividing by 2 would pass on 2), on two small classifiers."""
+"""Practice 3's checks (lesson 03): answers run on 2 real processes (3 in 3.4)."""
 import contextlib
 import io
-import itertools
 from types import SimpleNamespace
 
 import torch
@@ -19,10 +17,8 @@ from helpers.training import LEARNING_RATE
 
 FEATURES, HIDDEN, WIDER, CLASSES, MICRO_BATCH = 8, 16, 24, 2, 4
 INPUT_SCALE = 6.0  # every gradient's norm then exceeds 1: clipping at 1.0 changes it
-# From the gap between right and wrong answers: another order of a float32 sum moves the
-# gradients 1e-7 of their largest entry, a misplaced line 50 % or more; the weights, a
-# hundredth of the learning rate (AdamW hardly moves when every gradient is scaled:
-# hence the gradients too); a float32 mean is within 1e-7 of the exact one.
+# Right and wrong apart: a float32 sum's order moves gradients 1e-7 of the largest, a
+# misplaced line 50 %+; weights LR/100 (AdamW hides scaling); a float32 mean, 1e-7.
 GRADIENT_TOLERANCE, WEIGHTS_TOLERANCE, MEAN_TOLERANCE = 1e-5, LEARNING_RATE / 100, 1e-6
 FIX_SETUPS = ((16, 2), (8, 4))  # 3.3: (micro-batches, accumulation); the loop's k is 8
 _kept = {}  # (measure, listed answer or case) -> its result, for the kernel
@@ -48,16 +44,6 @@ P, P_WIDER = BYTES.values()
 # 3.1: (steps, k, bytes of parameters); 3.2: (micro-batches, accumulation, k, bytes)
 STEP_CASES = [(16, 8, P), (12, 8, P), (5, 8, P), (3, 1, P), (10, 3, P_WIDER)]
 ACCUMULATION_CASES = [(12, 4, 3, P), (12, 2, 5, P), (18, 3, 4, P_WIDER)]
-
-
-def from_source(source, *edits):
-    """What ``source`` defines, after each ``(old, new)`` edit: a mistake as code."""
-    for old, new in edits:
-        source = source.replace(old, new)
-    exec(source, namespace := {"torch": torch, "LocalSGD": LocalSGD})
-    return namespace[source.split("def ", 1)[1].split("(", 1)[0]]
-
-
 FIXED_LOOP = """
 def fixed_train_loop(accelerator, model, optimizer, dataloader):
     with LocalSGD(accelerator=accelerator, model=model, local_sgd_steps=8,
@@ -70,12 +56,20 @@ def fixed_train_loop(accelerator, model, optimizer, dataloader):
                 optimizer.step()
                 optimizer.zero_grad()
                 local_sgd.step()
-"""
+"""  # 3.3's intended answer; lesson 3's loop, for 3.1 and 3.2, with another k
 
 
-def run_loop(accelerator, loop, m, accumulation=1, hidden=HIDDEN):
-    """Run ``loop`` on ``m`` micro-batches a process: collectives [what, step, bytes],
-    each step's gradients, whether the workers' weights then agree, final weights."""
+def from_source(source, *edits):  # what source defines, each (old, new) edit made
+    for old, new in edits:
+        source = source.replace(old, new)
+    exec(source, namespace := {"torch": torch, "LocalSGD": LocalSGD})
+    return namespace[source.split("def ", 1)[1].split("(", 1)[0]]
+
+
+def run_loop(accelerator, loop, m=None, accumulation=1, hidden=HIDDEN):
+    """``loop`` on ``m`` micro-batches a process: what it sent, applied and left."""
+    if m is None:  # 3.3's runs: on each of FIX_SETUPS
+        return [run_loop(accelerator, loop, m, a) for m, a in FIX_SETUPS]
     accelerator.gradient_accumulation_steps = accumulation
     accelerator.step = 0  # Accelerate's count towards the next step: an earlier run's
     torch.manual_seed(0)  # in the worker: the notebook's generators are not touched
@@ -88,9 +82,8 @@ def run_loop(accelerator, loop, m, accumulation=1, hidden=HIDDEN):
     counter, gradients, identical = CollectiveCounter(), [], []
 
     def ddp_hook(state, bucket):  # DDP's all-reduce, through a hook the counter sees
-        logged, future = len(counter.events), allreduce_hook(None, bucket)
-        for event in counter.events[logged:]:
-            event["collective"] = "gradients"
+        future = allreduce_hook(None, bucket)
+        counter.events[-1]["collective"] = "gradients"  # the hook's one all_reduce
         return future
 
     def batches():
@@ -112,9 +105,8 @@ def run_loop(accelerator, loop, m, accumulation=1, hidden=HIDDEN):
 
 def launch(jobs, processes=2):
     """Each job's ``measure(accelerator, answer)`` on process 0, or its error."""
-    # AdamW and prepare() import them (seconds): once here, not in each worker
-    import datasets  # noqa: F401
-    import torch._dynamo  # noqa: F401
+    import datasets  # noqa: F401 (prepare() imports it in each worker: here, once)
+    import torch._dynamo  # noqa: F401 (AdamW's first step, likewise)
 
     def worker(accelerator):
         results = []
@@ -136,12 +128,8 @@ def launch(jobs, processes=2):
                          "(none under `if accelerator.is_main_process:`).") from None
 
 
-def launched(measure, answer, processes=2, name=None):
-    """``measure(accelerator, answer)`` on process 0, launched with the LISTED jobs not
-    yet measured; ``name``: the answer must be a function of that name."""
-    if name and not callable(answer):
-        raise core.Wrong(f"{name} should be a function, not {answer!r}. Hint: give its "
-                         "name, without calling it.")
+def launched(measure, answer, processes=2):
+    """``measure(accelerator, answer)`` on process 0, launched with the LISTED left."""
     job = (measure, answer)  # last: an answer that upsets the processes spoils no other
     todo = [j for j in dict.fromkeys([*LISTED[processes], job]) if j not in _kept]
     _kept.update(zip(todo, launch(todo, processes) if todo else []))
@@ -159,22 +147,18 @@ def bytes_sent(accelerator, case):
     return sum(size for _, _, size in run["sent"])
 
 
-def numbers(value, name):  # a prediction: a number, or a pair of them
-    if isinstance(value, (tuple, list)):
-        return tuple(core.as_number(number, name) for number in value)
-    return core.as_number(value, name)
+def predictions(answer, case):  # 3.1's and 3.2's measure: a number, or a pair of them
+    value = core.learner(answer, *case)
+    pair = isinstance(value, (tuple, list))
+    return tuple(map(core.as_number, value)) if pair else core.as_number(value)
 
 
-EXACT = core.close(rel=0.0, abs_=0.5)  # bytes are whole: a wrong count is off by more
-COUNT = ("count the averagings (and DDP's steps), then the bytes of each; the check "
-         "measures them on 2 processes.")
+COUNT = "count the averagings (and DDP's steps), then the bytes of each."
 NAMED = (f"your predictions fit the {P:,}-byte classifier the notebook names, not the "
          "wider one the check also runs. Hint: use the argument parameter_bytes.")
 PREDICT = core.Exercise(
-    number="3.1", name="predicted_bytes", configs=STEP_CASES, same=EXACT,
+    number="3.1", name="predicted_bytes", configs=STEP_CASES, measure=predictions,
     intended=lambda s, k, p: launched(bytes_sent, (s, 1, k, p)),
-    measure=lambda answer, case: numbers(core.learner(answer, *case),
-                                         "predicted_bytes"),
     label="steps={}, local_sgd_steps={}, parameter_bytes={}", describe=COUNT,
     correct=("your predictions match the bytes lesson 3's loop all-reduced on 2 "
              "processes, on both classifiers: one averaging after every k-th step "
@@ -195,11 +179,9 @@ def check_predicted_bytes(predicted_bytes):
 
 
 PREDICT_BOTH = core.Exercise(
-    number="3.2", name="predicted_bytes_with_accumulation", same=EXACT,
-    configs=ACCUMULATION_CASES, measure=lambda answer, case: numbers(
-        core.learner(answer, *case), "predicted_bytes_with_accumulation"),
-    intended=lambda m, a, k, p: tuple(launched(bytes_sent, (m, a, kk, p))
-                                      for kk in (None, k)),
+    number="3.2", name="predicted_bytes_with_accumulation", measure=predictions,
+    configs=ACCUMULATION_CASES, intended=lambda m, a, k, p: tuple(
+        launched(bytes_sent, (m, a, kk, p)) for kk in (None, k)),
     label="micro_batches={}, gradient_accumulation_steps={}, local_sgd_steps={}, "
     "parameter_bytes={}", describe=COUNT,
     correct=("your predictions match DDP's and Local SGD's bytes, measured on 2 "
@@ -220,16 +202,11 @@ def check_predicted_bytes_with_accumulation(predicted_bytes_with_accumulation):
     """(DDP's bytes, Local SGD's bytes), under gradient accumulation."""
 
 
-def runs_of(accelerator, loop):
-    return [run_loop(accelerator, loop, m, a) for m, a in FIX_SETUPS]
-
-
-def run_difference(mine, its):
+def difference(mine, its):
     """The first thing that differs between two runs of a loop, in words; else ""."""
     if mine["sent"] != its["sent"] or mine["identical"] != its["identical"]:
         return "it all-reduces other bytes or at other steps, or its workers differ"
-    for step, (g, t) in enumerate(itertools.zip_longest(
-            mine["gradients"], its["gradients"], fillvalue=[]), 1):
+    for step, (g, t) in enumerate(zip(mine["gradients"], its["gradients"]), 1):
         largest = max(map(abs, t), default=0)
         if not core.same_values(g, t, 0, GRADIENT_TOLERANCE * largest):
             return f"optimizer step {step} applies other gradients"
@@ -237,28 +214,25 @@ def run_difference(mine, its):
     return "" if same else "its final weights differ"
 
 
-LINE = "\n" + " " * 16  # a new line of the loop's body
-# local_sgd.step() before optimizer.step(), as in the colleague's loop
+LINE = "\n" + " " * 16  # a new line of the loop's body; STEP_FIRST: the colleague's
 STEP_FIRST = ((f"zero_grad(){LINE}local_sgd.step()", "zero_grad()"),
               ("optimizer.step()", f"local_sgd.step(){LINE}optimizer.step()"))
 FIX = core.Exercise(
     number="3.3", name="fixed_train_loop", intended=from_source(FIXED_LOOP),
-    measure=lambda answer, config: launched(runs_of, answer, name="fixed_train_loop"),
-    same=lambda got, expected: not any(map(run_difference, got, expected)),
+    measure=lambda answer, config: launched(run_loop, answer),
+    same=lambda got, expected: not any(map(difference, got, expected)),
     describe=lambda got, expected, config: next(
         f"on {m} micro-batches, accumulating {a}, {said}, unlike the fixed loop. Hint: "
-        "show_communication(fixed_train_loop) shows what it sends; move the misplaced "
-        "lines, change nothing else." for (m, a), said in
-        zip(FIX_SETUPS, map(run_difference, got, expected)) if said),
+        "show_communication(fixed_train_loop) shows it; move only the misplaced lines."
+        for (m, a), said in zip(FIX_SETUPS, map(difference, got, expected)) if said),
     correct=("measured on 2 processes, your loop sent no gradients, averaged the "
              "parameters every 4 optimizer steps and as the block ended, with the "
              "workers' weights identical after each averaging; each step applied "
              "the intended loop's gradients, and the final weights match (also with "
              "accumulation 4 on 8 micro-batches)."),
     mistakes=[
-        ("the for loop runs after the `with LocalSGD(...)` block has ended: entering "
-         "it switches DDP's gradient all-reduce off, and leaving it averages. Hint: "
-         "indent the loop inside the block (then see where local_sgd.step() runs).",
+        ("the for loop runs after the `with LocalSGD(...)` block: entering it switches "
+         "DDP's gradient all-reduce off, leaving it averages. Hint: indent the loop.",
          from_source(FIXED_LOOP, ("        for batch", "    for batch"), *STEP_FIRST)),
         ("the parameters are averaged before the optimizer step, so each worker then "
          "takes its own step and the weights differ at once. Hint: call "
@@ -280,7 +254,7 @@ check_fixed_loop = check_fixed_local_sgd_loop  # the name practice 3's notebooks
 
 def show_communication(train_loop):
     """Run ``train_loop`` as 3.3's check does: what it all-reduced, step by step."""
-    run, ddp = launch([(lambda accelerator, loop: runs_of(accelerator, loop)[0], loop)
+    run, ddp = launch([(lambda acc, loop: run_loop(acc, loop, *FIX_SETUPS[0]), loop)
                        for loop in (train_loop, ddp_loop)])
     if "raised" in run:
         return print(f"{train_loop.__name__} raised {run['raised']}")
@@ -306,19 +280,16 @@ def probe(accelerator, average):
     for hidden, size in BYTES.items():
         model = SmallClassifier(hidden)  # not wrapped in DDP: its set-up takes time
         own = torch.randn(n, size // 4, generator=torch.Generator().manual_seed(0))
-        # a copy: the parameters become views of it, which an answer may change
-        vector_to_parameters(own[rank].clone(), model.parameters())
+        vector_to_parameters(own[rank].clone(), model.parameters())  # views of a copy
         with CollectiveCounter() as counter:
             average(accelerator, model)
         total = own.double().sum(0)
         values = parameters_to_vector(model.parameters()).double()
         targets = {"the mean": total / n, "the sum": total, "the sum over 2": total / 2,
-                   "the mean divided by N again": total / n / n,
                    "their own values": own[rank].double()}
-        holds.append(next((
-            name for name, target in targets.items() if values.shape == target.shape
-            and (values - target).abs().max() <= MEAN_TOLERANCE * total.abs().max()),
-            "other values"))
+        near = MEAN_TOLERANCE * total.abs().max().item()
+        holds.append(next((name for name, target in targets.items() if core.same_values(
+            values, target, 0, near)), "other values"))
         dtypes |= {str(p.dtype).split(".")[1] for p in model.parameters()}
         sent += [[e["collective"], e["bytes"]] for e in counter.events
                  if e["collective"] != "barrier"]
@@ -337,7 +308,7 @@ REDUCE = 'accelerator.reduce(flat, reduction="mean")'
 COPY_BACK = "torch.nn.utils.vector_to_parameters(flat, model.parameters())"
 AVERAGING = core.Exercise(
     number="3.4", name="average_parameters", intended=from_source(AVERAGE),
-    measure=lambda answer, config: launched(probe, answer, 3, "average_parameters"),
+    measure=lambda answer, config: launched(probe, answer, 3),
     describe=("every parameter should end as its mean over the processes, in float32, "
               "after one all-reduce of all of them (a flat tensor), nothing else."),
     correct=(f"measured on 3 processes: your function leaves every parameter at its "
@@ -352,8 +323,7 @@ AVERAGING = core.Exercise(
          "Hint: divide by accelerator.num_processes.",
          from_source(AVERAGE, (REDUCE, "accelerator.reduce(flat) / 2"))),
         ("your function left the parameters as they were: it averaged a flat copy "
-         "(parameters_to_vector makes one). Hint: copy it back with "
-         "vector_to_parameters(flat, model.parameters()).",
+         "(parameters_to_vector makes one). Hint: copy it back (vector_to_parameters).",
          from_source(AVERAGE, (COPY_BACK, ""))),
         ("you all-reduce one tensor at a time, as LocalSGD does. Hint: put all the "
          "parameters in one flat tensor first (parameters_to_vector).",
@@ -371,5 +341,5 @@ LISTED = {  # what launched() measures on 2 or 3 processes, in one launch a kern
     2: [(bytes_sent, (s, 1, k, p)) for s, k, p in STEP_CASES]
     + [(bytes_sent, (m, a, kk, p)) for m, a, k, p in ACCUMULATION_CASES
        for kk in (None, k)]
-    + [(runs_of, f) for f in (FIX.intended, *dict(FIX.mistakes).values())],
+    + [(run_loop, f) for f in (FIX.intended, *dict(FIX.mistakes).values())],
     3: [(probe, f) for f in (AVERAGING.intended, *dict(AVERAGING.mistakes).values())]}
