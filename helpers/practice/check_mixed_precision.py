@@ -1,5 +1,5 @@
-"""Practice 05's checks (mixed precision): the dtypes autocast ran, bfloat16 in
-Trainer and Accelerator, the bytes a real step held, a float16 loop's GradScaler."""
+"""Practice 5's checks (lesson 05): the dtypes autocast ran, bfloat16 in Trainer and
+Accelerator, the bytes a real step held, a float16 loop's GradScaler."""
 import functools
 
 import torch
