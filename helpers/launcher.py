@@ -179,6 +179,7 @@ def _preload_training_modules():
     import transformers.models.distilbert.modeling_distilbert  # noqa: F401
     from transformers import AutoTokenizer, DataCollatorWithPadding  # noqa: F401
 
+
 def worker_accelerator(**kwargs):
     """The Accelerator a worker process trains with: one GPU per process when there are
     enough, else the CPU.
