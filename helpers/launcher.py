@@ -174,8 +174,10 @@ def collective_timeout_s():
 def _preload_training_modules():
     """Import the model's and the data's code now, once (seconds), before the fork:
     each worker then shares it instead of importing DistilBERT's modeling code, datasets
-    and the tokenizer classes again."""
+    and the tokenizer classes again (and torch._dynamo, which AdamW's first step
+    imports)."""
     import datasets  # noqa: F401
+    import torch._dynamo  # noqa: F401
     import transformers.models.distilbert.modeling_distilbert  # noqa: F401
     from transformers import AutoTokenizer, DataCollatorWithPadding  # noqa: F401
 

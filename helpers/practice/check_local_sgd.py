@@ -105,9 +105,6 @@ def run_loop(accelerator, loop, m=None, accumulation=1, hidden=HIDDEN):
 
 def launch(jobs, processes=2):
     """Each job's ``measure(accelerator, answer)`` on process 0, or its error."""
-    import datasets  # noqa: F401 (prepare() imports it in each worker: here, once)
-    import torch._dynamo  # noqa: F401 (AdamW's first step, likewise)
-
     def worker(accelerator):
         results = []
         for measure, answer in jobs:
@@ -119,7 +116,7 @@ def launch(jobs, processes=2):
 
     try:  # Accelerate says "Launching training on 2 CPUs." at each launch: not here
         with contextlib.redirect_stdout(io.StringIO()):
-            return run_in_processes(worker, (), processes, preload=False)
+            return run_in_processes(worker, (), processes)  # preloads datasets
     except WorkerFailedError as error:  # a process ended without its results
         raise core.LearnerRaised(error.worker_traceback.splitlines()[-1]) from None
     except WorkerTimeoutError:
