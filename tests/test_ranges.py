@@ -7,6 +7,7 @@ value outside it, compared with the lesson's stored output the way nbval compare
 (after the sanitizer).
 """
 import ast
+import re
 import subprocess
 import sys
 
@@ -102,15 +103,21 @@ def summary_notebook(value):
     )
 
 
-def run_nbval(path):
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval",
-         "--nbval-current-env", "--nbval-sanitize-with", str(SANITIZER), str(path)],
+def run_nbval(paths):
+    """nbval over ``paths`` in one pytest run: {notebook file name: "PASSED" or
+    "FAILED"}, and the run's output."""
+    result = subprocess.run(
+        # -rA: a PASSED or FAILED line per cell; --rootdir=.: named by file name
+        [sys.executable, "-m", "pytest", "-q", "-rA", "--color=no", "--rootdir=.",
+         "-p", "no:cacheprovider", "--nbval", "--nbval-current-env",
+         "--nbval-sanitize-with", str(SANITIZER), *(path.name for path in paths)],
         capture_output=True,
         text=True,
-        cwd=path.parent,
+        cwd=paths[0].parent,
         timeout=300,
     )
+    outcomes = re.findall(r"^(PASSED|FAILED) (\S+?)::", result.stdout, re.M)
+    return {name: outcome for outcome, name in outcomes}, result.stdout
 
 
 def test_nbval_passes_another_value_in_range_and_fails_one_outside(tmp_path):
@@ -119,14 +126,17 @@ def test_nbval_passes_another_value_in_range_and_fails_one_outside(tmp_path):
     stored = summary_notebook(0.81)
     # the stored output, made by executing, as `make execute` does
     NotebookClient(stored).execute()
-    for value, passes in ((0.93, True), (0.5, False)):
+    expected = {}
+    for value, outcome in ((0.93, "PASSED"), (0.5, "FAILED")):
         notebook = summary_notebook(value)
         notebook.cells[0].outputs = stored.cells[0].outputs
         notebook.cells[0].execution_count = stored.cells[0].execution_count
         path = tmp_path / f"summary_{value}.ipynb"
         nbformat.write(notebook, path)
-        result = run_nbval(path)
-        assert (result.returncode == 0) is passes, result.stdout[-2000:]
+        expected[path.name] = outcome
+    # both in one run: one interpreter to start, not two
+    outcomes, output = run_nbval([tmp_path / name for name in expected])
+    assert outcomes == expected, output[-2000:]
 
 
 def declared_ranges(lesson):
