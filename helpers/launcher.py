@@ -570,9 +570,11 @@ class WorkerTimeoutError(RuntimeError):
 
 
 def is_peer_failure(traceback_text):
-    """Whether a worker failed only because a peer process vanished (gloo's
-    'closed/reset by peer')."""
-    return "by peer" in traceback_text or "gloo/transport" in traceback_text
+    """Whether a worker failed only because a peer did: the peer process vanished
+    (gloo's 'closed/reset by peer'), or torch stopped this worker with SIGTERM once the
+    peer had failed (its SignalException, raised wherever this worker then was)."""
+    return any(sign in traceback_text
+               for sign in ("by peer", "gloo/transport", "SignalException"))
 
 
 class WorkerFailedError(RuntimeError):
@@ -588,8 +590,8 @@ class WorkerFailedError(RuntimeError):
                 ) or message.get("message", "")
             tracebacks.setdefault(rank, str(message))
         # A worker whose peer vanished fails too, inside gloo ("Connection closed by
-        # peer", "Read error ... reset by peer"): report the worker that failed for its
-        # own reason.
+        # peer", "Read error ... reset by peer"), or when torch stops it with SIGTERM:
+        # report the worker that failed for its own reason.
         rank = min(tracebacks, key=lambda r: (is_peer_failure(tracebacks[r]), r))
         super().__init__(f"worker process {rank} failed:\n{tracebacks[rank]}")
         self.worker_traceback = tracebacks[rank]

@@ -56,6 +56,12 @@ def fails_on_process_1_while_process_0_is_stuck(accelerator):
     stuck_in_c()
 
 
+def fails_on_process_1_while_process_0_runs_python(accelerator):
+    if accelerator.process_index == 1:
+        raise RuntimeError("injected failure on process 1")
+    time.sleep(30)  # in Python, not in a collective: torch's SIGTERM raises here
+
+
 def process_1_arrives_late(accelerator):
     if accelerator.process_index == 1:
         time.sleep(4)
@@ -159,6 +165,18 @@ def test_processes_that_wait_for_another_say_so_and_where_it_is(monkeypatch, cap
     assert "used no CPU for 1 s" in notice, notice
     assert "process 1: tests/test_launcher.py, line" in notice, notice
     assert "in process_1_arrives_late: time.sleep(4)" in notice
+
+
+def test_a_peer_that_torch_stops_after_the_failure_is_not_reported_as_its_cause():
+    # Once process 1 has failed, torch stops process 0 with SIGTERM, which raises
+    # SignalException in process 0 if it is running Python: a second traceback. A CI run
+    # of practice 6.3 once reported that one instead of the learner's error.
+    with pytest.raises(WorkerFailedError, match="^worker process 1 failed") as caught:
+        run_in_processes(fails_on_process_1_while_process_0_runs_python, (),
+                         preload=False)
+    assert caught.value.worker_traceback.strip().endswith(
+        "injected failure on process 1"
+    )
 
 
 def test_a_port_taken_before_the_processes_listen_on_it_is_replaced(monkeypatch):
