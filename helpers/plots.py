@@ -83,6 +83,51 @@ def three_levers_figure(highlight="memory"):
     return fig
 
 
+LEVER_ROWS = ("memory", "communication", "computation")
+
+
+def course_map_figure(lessons):
+    """Lesson 00: the course map, each lesson a box in the row of the lever it pulls.
+
+    ``lessons`` is a list of dicts with 'number' (e.g. "01"), 'title', 'lever' (one of
+    memory, communication, computation, or "all" for a lesson that weighs the three
+    together) and 'measures' (a few words: what the lesson measures).
+    """
+    _require_rows(lessons, "lessons", ("number", "title", "lever", "measures"))
+    for lesson in lessons:
+        if lesson["lever"] not in (*LEVER_ROWS, "all"):
+            raise ValueError(f"lesson {lesson['number']}: lever must be one of "
+                             f"{', '.join(LEVER_ROWS)} or 'all', "
+                             f"not {lesson['lever']!r}")
+    fig = Figure(figsize=(12, 4))
+    ax = fig.add_subplot()
+    width, gap, row_height, box_height = 2.0, 0.2, 1.25, 1.05
+    for row, lever in enumerate(LEVER_ROWS):
+        y = (2 - row) * row_height
+        ax.text(-0.25, y, f"{lever.capitalize()}\nefficiency", ha="right", va="center",
+                fontsize=11, weight="bold")
+        ax.axhline(y, color=MUTED, linewidth=0.8, zorder=0)
+    for i, lesson in enumerate(lessons):
+        x = i * (width + gap)
+        spans_all = lesson["lever"] == "all"
+        row = 1 if spans_all else 2 - LEVER_ROWS.index(lesson["lever"])
+        y = row * row_height
+        height = 2 * row_height + box_height if spans_all else box_height
+        ax.add_patch(FancyBboxPatch((x, y - height / 2), width, height,
+                                    boxstyle="round,pad=0.05", facecolor=HIGHLIGHT,
+                                    edgecolor="black", alpha=0.9))
+        ax.text(x + width / 2, y + 0.2, f"{lesson['number']}\n{lesson['title']}",
+                ha="center", va="center", fontsize=10, weight="bold")
+        ax.text(x + width / 2, y - 0.3, lesson["measures"], ha="center", va="center",
+                fontsize=8.5)
+    ax.set_xlim(-2.0, len(lessons) * (width + gap))
+    ax.set_ylim(-0.6, 2 * row_height + 0.6)
+    ax.axis("off")
+    fig.subplots_adjust(left=0.01, right=0.99, bottom=0.01, top=0.9)
+    fig.suptitle("The course map: each lesson pulls one lever", fontsize=14)
+    return fig
+
+
 # node -> (x, y) for the A + B = C graph
 GRAPH_LAYOUT = {"x": (0, 1), "A": (1.3, 1.8), "B": (1.3, 0.2), "C": (2.6, 1),
                 "loss": (3.9, 1)}

@@ -78,9 +78,20 @@ SHARDING_ROWS = [  # bytes of 10 parameters, as lesson 06 measures them
 AT_SCALE = [{"stage": stage, "devices": 8, "bytes": per_parameter * 7e9}
             for stage, per_parameter in (("DDP", 16), ("ZeRO-3", 2))]
 
+COURSE_MAP = [
+    {"number": "01", "title": "Checkpointing", "lever": "memory",
+     "measures": "bytes"},
+    {"number": "03", "title": "Local SGD", "lever": "communication",
+     "measures": "sent"},
+]
+
 GOOD = {
     "three_levers_figure": (dict(highlight="communication"), 1,
                             ["Three levers of efficient training"]),
+    "course_map_figure": (dict(lessons=COURSE_MAP), 1,
+                          ["01\nCheckpointing", "03\nLocal SGD",
+                           "Communication\nefficiency",
+                           "The course map: each lesson pulls one lever"]),
     "recompute_graph_figure": (dict(statuses_by_mode=STATUSES, labels={"A": "A\nsin"}),
                                3, [*STATUSES, "A\nsin", "recomputed"]),
     "memory_time_tradeoff_figure": (
@@ -248,6 +259,9 @@ BAD = [
      r"machines\['mine'\]: each ratio must be"),
     ("three_levers_figure", dict(highlight="speed"),
      "highlight must be one of memory, communication, computation or None"),
+    ("course_map_figure", dict(lessons=[]), "lessons is empty"),
+    ("course_map_figure", dict(lessons=[{**COURSE_MAP[0], "lever": "speed"}]),
+     "lesson 01: lever must be one of memory, communication, computation or 'all'"),
     ("loss_curves_figure", dict(curves={}), "curves is empty"),
     ("loss_curves_figure", dict(curves={"bf16": [(1, 0.5, 0.1)]}), r"curves\['bf16'\] "
      r"must hold " r"\(step, loss\) " r"pairs"),

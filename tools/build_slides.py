@@ -27,14 +27,22 @@ from helpers.paths import REPO_ROOT
 
 SLIDES_DIR = REPO_ROOT / "build" / "slides"
 NPM_DIR = REPO_ROOT / "build" / "npm"
+
+
+def lesson_decks(folder):
+    """The lesson notebooks in ``folder`` (00 to 09), each a deck; a lesson's lab
+    (`0N_<topic>_lab.ipynb`) is a guided lab beside it, not a deck."""
+    return sorted(path for path in folder.glob("0[0-9]_*.ipynb")
+                  if not path.stem.endswith("_lab"))
+
+
 # a new lesson 0N is picked up
-LESSONS = sorted((REPO_ROOT / "notebooks").glob("0[1-9]_*.ipynb"))
+LESSONS = lesson_decks(REPO_ROOT / "notebooks")
 # The lessons made in each language by `make translations` (notebooks/hi/, ...): decks
 # in build/slides/<language>/, a folder with its own reveal.js and assets, so that it
 # works when copied alone (and the handout finds reveal.js under the same name).
-TRANSLATED_LESSONS = {
-    language: sorted((REPO_ROOT / "notebooks" / language).glob("0[1-9]_*.ipynb"))
-    for language in LANGUAGES}
+TRANSLATED_LESSONS = {language: lesson_decks(REPO_ROOT / "notebooks" / language)
+                      for language in LANGUAGES}
 NPM_PACKAGES = ["reveal.js@4.6.0", "jquery@3.7.1", "requirejs@2.3.7",
                 "@fontsource/noto-sans-devanagari@5.3.0"]
 # A language whose script a projector's laptop or a CI machine may have no font for: its
@@ -78,6 +86,11 @@ COURSE_CSS = """/* The course's decks (tools/build_slides.py), on top of nbconve
 }
 .reveal .jp-RenderedHTMLCommon li {
   line-height: 1.4;  /* the theme's 1.6 */
+}
+.reveal h1, .reveal h2, .reveal h3, .reveal h4, .reveal h5, .reveal h6 {
+  /* headings as the notebook writes them: the theme's upper case turned English
+     terms in a Turkish deck (lang="tr") into CHECKPOİNTİNG, with a dotted İ */
+  text-transform: none;
 }
 .reveal .jp-InputArea-editor pre, .reveal .jp-OutputArea-output pre {
   white-space: pre-wrap;
