@@ -498,14 +498,16 @@ def optimizer_tradeoff_figure(rows, state_budget_bytes=GiB):
                          f"but is not for {negative}")
     if not state_budget_bytes > 0:
         raise ValueError(f"state_budget_bytes must be > 0, got {state_budget_bytes!r}")
-    fig = Figure(figsize=(8, 3.6))
+    fig = Figure(figsize=(8, 3.0))
     ax = fig.add_subplot()
-    for row in rows:
+    for index, row in enumerate(rows):
         affordable = state_budget_bytes / row["bytes_per_parameter"]
         ax.scatter([affordable], [row["update_distance"]], s=120, zorder=3)
+        # the first row (the reference) labelled on its left: a neighbour may sit close
         ax.annotate(f"{row['name']}\n{row['bytes_per_parameter']:.2f} B/param",
                     (affordable, row["update_distance"]), textcoords="offset points",
-                    xytext=(8, 4))
+                    xytext=(-10, 4) if index == 0 else (8, 4),
+                    ha="right" if index == 0 else "left")
     ax.set_xscale("log")
     ax.set_xlabel("parameters whose optimizer state fits in "
                   f"{state_budget_bytes / GiB:.0f} GiB (log)")
@@ -513,7 +515,7 @@ def optimizer_tradeoff_figure(rows, state_budget_bytes=GiB):
     top = max(row["update_distance"] for row in rows)
     ax.set_ylim(-0.08 * max(top, 0.1), 1.35 * max(top, 0.1))
     ax.set_xlim(
-        left=min(state_budget_bytes / r["bytes_per_parameter"] for r in rows) / 3,
+        left=min(state_budget_bytes / r["bytes_per_parameter"] for r in rows) / 30,
         right=max(state_budget_bytes / r["bytes_per_parameter"] for r in rows) * 30,
     )
     ax.set_title("Measured: state bytes (x) and how far the update moves from "
