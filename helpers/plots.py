@@ -521,42 +521,50 @@ def communication_sweep_figure(rows, ddp_row):
 
 
 def optimizer_tradeoff_figure(rows, state_budget_bytes=GiB):
-    """Lesson 04: optimizers placed by measured state bytes per parameter and by what
-    their state gives up.
+    """Lesson 04: optimizers placed by two measurements, the deck's two axes.
 
-    ``rows``: dicts with 'name', 'bytes_per_parameter' (measured) and 'gives_up': a few
-    words on what the stored state gives up in precision ("nothing: 32-bit moments",
-    "second moment factored", ...). The vertical axis is not a number: each distinct
-    'gives_up' is one level, the first given at the top. The x axis shows how many
-    parameters fit when the optimizer state may use ``state_budget_bytes``.
+    ``rows``: dicts with 'name', 'bytes_per_parameter' (measured state bytes) and
+    'update_distance': how far the optimizer's update lands from float32 AdamW's after
+    the same steps on the same gradients, as a share of AdamW's update (0 for AdamW
+    itself). The x axis shows how many parameters fit when the optimizer state may use
+    ``state_budget_bytes``: the deck's "number of parameters"; the y axis stands in for
+    its "precision", measured (lower is closer to AdamW).
     """
-    _require_rows(rows, "rows", ("name", "bytes_per_parameter", "gives_up"))
+    _require_rows(rows, "rows", ("name", "bytes_per_parameter", "update_distance"))
     not_positive = [row["name"] for row in rows if not row["bytes_per_parameter"] > 0]
     if not_positive:
         raise ValueError("bytes_per_parameter must be > 0 (a measured size), but is "
                          f"not for {not_positive}")
+    negative = [row["name"] for row in rows
+                if not _finite_number(row["update_distance"])
+                or row["update_distance"] < 0]
+    if negative:
+        raise ValueError("update_distance must be a number >= 0 (a measured share), "
+                         f"but is not for {negative}")
     if not state_budget_bytes > 0:
         raise ValueError(f"state_budget_bytes must be > 0, got {state_budget_bytes!r}")
-    # in the order given, top first
-    levels = list(dict.fromkeys(row["gives_up"] for row in rows))
-    fig = Figure(figsize=(8, 1.6 + 0.7 * len(levels)))
+    fig = Figure(figsize=(8, 3.0))
     ax = fig.add_subplot()
-    for row in rows:
-        affordable, level = (state_budget_bytes / row["bytes_per_parameter"],
-                             levels.index(row["gives_up"]))
-        ax.scatter([affordable], [level], s=120, zorder=3)
+    for index, row in enumerate(rows):
+        affordable = state_budget_bytes / row["bytes_per_parameter"]
+        ax.scatter([affordable], [row["update_distance"]], s=120, zorder=3)
+        # the first row (the reference) labelled on its left: a neighbour may sit close
         ax.annotate(f"{row['name']}\n{row['bytes_per_parameter']:.2f} B/param",
-                    (affordable, level), textcoords="offset points", xytext=(8, 4))
+                    (affordable, row["update_distance"]), textcoords="offset points",
+                    xytext=(-10, 4) if index == 0 else (8, 4),
+                    ha="right" if index == 0 else "left")
     ax.set_xscale("log")
     ax.set_xlabel("parameters whose optimizer state fits in "
                   f"{state_budget_bytes / GiB:.0f} GiB (log)")
-    ax.set_yticks(range(len(levels)), levels)
-    ax.set_ylabel("what the state gives up")
-    ax.set_ylim(len(levels) - 0.4, -0.6)  # the first level at the top
+    ax.set_ylabel("update's distance from\nfloat32 AdamW's (share)")
+    top = max(row["update_distance"] for row in rows)
+    ax.set_ylim(-0.08 * max(top, 0.1), 1.35 * max(top, 0.1))
     ax.set_xlim(
-        left=min(state_budget_bytes / r["bytes_per_parameter"] for r in rows) / 3,
+        left=min(state_budget_bytes / r["bytes_per_parameter"] for r in rows) / 30,
         right=max(state_budget_bytes / r["bytes_per_parameter"] for r in rows) * 30,
     )
+    ax.set_title("Measured: state bytes (x) and how far the update moves from "
+                 "AdamW's (y)", fontsize=10)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
