@@ -27,13 +27,15 @@ from helpers.paths import REPO_ROOT
 
 SLIDES_DIR = REPO_ROOT / "build" / "slides"
 NPM_DIR = REPO_ROOT / "build" / "npm"
-# a new lesson 0N is picked up
-LESSONS = sorted((REPO_ROOT / "notebooks").glob("0[1-9]_*.ipynb"))
+# a new lesson 0N is picked up; a lesson's lab (0N_<topic>_lab.ipynb) is not a deck
+LESSONS = sorted(p for p in (REPO_ROOT / "notebooks").glob("0[1-9]_*.ipynb")
+                 if not p.stem.endswith("_lab"))
 # The lessons made in each language by `make translations` (notebooks/hi/, ...): decks
 # in build/slides/<language>/, a folder with its own reveal.js and assets, so that it
 # works when copied alone (and the handout finds reveal.js under the same name).
 TRANSLATED_LESSONS = {
-    language: sorted((REPO_ROOT / "notebooks" / language).glob("0[1-9]_*.ipynb"))
+    language: sorted(p for p in (REPO_ROOT / "notebooks" / language).glob(
+        "0[1-9]_*.ipynb") if not p.stem.endswith("_lab"))
     for language in LANGUAGES}
 NPM_PACKAGES = ["reveal.js@4.6.0", "jquery@3.7.1", "requirejs@2.3.7",
                 "@fontsource/noto-sans-devanagari@5.3.0"]
