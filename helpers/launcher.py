@@ -252,9 +252,14 @@ def _forked_worker(worker, worker_args, results_path):
     except Exception:
         # Written before this process closes its connections, so before its peers fail
         # in turn.
-        traceback_path(results_path, accelerator.process_index).write_text(
-            traceback.format_exc()
-        )
+        failure = traceback.format_exc()
+        traceback_path(results_path, accelerator.process_index).write_text(failure)
+        if is_peer_failure(failure):
+            # Failing only because a peer did: the SIGTERM torch sends next ends this
+            # process quietly. Its own handler would raise SignalException wherever the
+            # process then is (under load, in torch's error-file writing), and
+            # multiprocessing would print that second traceback in the notebook.
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
         raise
     # Wait for every process, then end without destroying the process group: destroying
     # a gloo group joins its worker thread while holding the GIL, and that thread may

@@ -1,7 +1,8 @@
 """Data-parallel training with and without Local SGD, on two or more real processes
 (lesson 03).
 
-``train_loop`` is lesson 2's Accelerate loop plus the slide's Local SGD lines.
+``train_loop`` is lesson 2's Accelerate loop plus the slide's Local SGD lines, as
+lesson 03 shows it.
 ``launch(configs)`` runs it from a notebook on 2 processes (through
 ``helpers.launcher``), and measures from outside the loop what each run communicated
 (``helpers.collectives``). The same training runs as a script:
@@ -23,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from accelerate.local_sgd import LocalSGD
 
 from helpers.collectives import CollectiveCounter, count_ddp, weight_gap
 from helpers.launcher import LAUNCH_TIMEOUT_S, run_in_processes, worker_accelerator
@@ -67,32 +69,56 @@ def validate_local_sgd_steps(local_sgd_steps):
                          f"step), got {local_sgd_steps}")
 
 
-def train_loop(accelerator, model, optimizer, lr_scheduler, batches, local_sgd_steps):
-    """Lesson 2's Accelerate loop, plus the lines marked NEW; the caller prepares.
-
-    Renamed: lesson 2's ``dataloader`` (over epochs) is ``batches`` (one pass), its
-    ``CONFIG["max_grad_norm"]`` is ``MAX_GRAD_NORM``. ``local_sgd_steps=None`` is DDP:
-    the LocalSGD block is then switched off.
-    """
-    from accelerate.local_sgd import LocalSGD  # NEW
-
+# The deck's Local SGD loop, line for line as lesson 03 shows it (a test checks it,
+# tests/test_new_lines.py): lesson 2's Accelerate loop plus the lines marked NEW.
+def train_loop(accelerator, model, optimizer, lr_scheduler, dataloader):
     model.train()
-    with LocalSGD(accelerator=accelerator, model=model,  # NEW
-                  local_sgd_steps=local_sgd_steps or 1,  # NEW
-                  enabled=local_sgd_steps is not None) as local_sgd:  # NEW
-        for batch in batches:
+    with LocalSGD(accelerator=accelerator, model=model, local_sgd_steps=8,  # NEW
+                  enabled=True) as local_sgd:  # NEW
+        for batch in dataloader:
             with accelerator.accumulate(model):
                 outputs = model(**batch)
                 loss = outputs.loss
                 accelerator.backward(loss)
-                if accelerator.sync_gradients:  # the gradient is fully accumulated
+                if accelerator.sync_gradients:
                     accelerator.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
                 optimizer.step()
                 lr_scheduler.step()
                 optimizer.zero_grad()
-                local_sgd.step()  # NEW: counts micro-batches, not optimizer steps
-    # NEW: leaving the LocalSGD block averaged the parameters one last time
-    # (with enabled=False: nothing)
+                local_sgd.step()  # NEW
+
+
+# train_loop with k and enabled as arguments, its lines otherwise the same (a test
+# checks): the DDP runs (enabled=False: LocalSGD does nothing) and other values of k.
+def train_loop_every(accelerator, model, optimizer, lr_scheduler, dataloader,
+                     local_sgd_steps, enabled):
+    model.train()
+    with LocalSGD(accelerator=accelerator, model=model, local_sgd_steps=local_sgd_steps,
+                  enabled=enabled) as local_sgd:
+        for batch in dataloader:
+            with accelerator.accumulate(model):
+                outputs = model(**batch)
+                loss = outputs.loss
+                accelerator.backward(loss)
+                if accelerator.sync_gradients:
+                    accelerator.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+                optimizer.step()
+                lr_scheduler.step()
+                optimizer.zero_grad()
+                local_sgd.step()
+
+
+def run_loop(accelerator, model, optimizer, lr_scheduler, dataloader, local_sgd_steps):
+    """DDP when ``local_sgd_steps`` is None, else Local SGD every ``local_sgd_steps``
+    calls of ``local_sgd.step()`` (micro-batches): k = 8 runs the deck's loop itself."""
+    if local_sgd_steps == 8:
+        train_loop(accelerator, model, optimizer, lr_scheduler, dataloader)
+    elif local_sgd_steps is None:  # DDP
+        train_loop_every(accelerator, model, optimizer, lr_scheduler, dataloader,
+                         local_sgd_steps=1, enabled=False)
+    else:
+        train_loop_every(accelerator, model, optimizer, lr_scheduler, dataloader,
+                         local_sgd_steps=local_sgd_steps, enabled=True)
 
 
 def micro_batches(dataloader, count):
@@ -171,8 +197,8 @@ def train_one_run(accelerator, config, tokenized, tokenizer):
     )
     start = time.perf_counter()
     with counter:
-        train_loop(accelerator, model, optimizer, lr_scheduler,
-                   measured(batches, optimizer, counter, track), config.local_sgd_steps)
+        run_loop(accelerator, model, optimizer, lr_scheduler,
+                 measured(batches, optimizer, counter, track), config.local_sgd_steps)
     seconds = time.perf_counter() - start
     loss_hook.remove()
     final_gap = weight_gap(accelerator, model, counter)

@@ -3,17 +3,18 @@ the lines marked ``# NEW``, as Accelerate's tests/test_examples.py diffs each ex
 ``examples/by_feature`` against its base script.
 
 Both loops are read from the notebooks: lesson 02's from the cell that defines
-``train_with_accelerator``, lesson 03's from the output of the cell that shows it. Lines
-are compared as Python tokens (comments and wrapping aside) at their block depth.
-Lesson 03's ``# NEW`` lines go, with their continuation lines; a removed ``with ...:``
-takes its block's indentation with it. Of lesson 02's function, the loop is what runs
-from ``model.train()`` to the ``return``; the set-up before it (the Accelerator made,
-checkpointing switched on, ``prepare``) is the caller's in lesson 03. The names lesson
-03 changes are the ones its docstring lists as ``old`` is ``new``.
+``train_with_accelerator``, lesson 03's from the cell that defines ``train_loop`` (the
+deck's loop, which the worker processes run from ``helpers/local_sgd.py``: the two are
+the same text). Lines are compared as Python tokens (comments and wrapping aside) at
+their block depth. Lesson 03's ``# NEW`` lines go, with their continuation lines; a
+removed ``with ...:`` takes its block's indentation with it. Of lesson 02's function,
+the loop is what runs from ``model.train()`` to the ``return``, its epochs made one
+pass; the set-up before it (the Accelerator made, checkpointing switched on,
+``prepare``) is the caller's in lesson 03, and lesson 02's ``CONFIG["max_grad_norm"]``
+is ``MAX_GRAD_NORM``, the constant that CONFIG copies (``RENAMED``).
 """
 import difflib
 import io
-import re
 import tokenize
 
 import pytest
@@ -21,7 +22,8 @@ import pytest
 LESSON_2 = "notebooks/02_trainer_and_accelerator.ipynb"
 LESSON_3 = "notebooks/03_local_sgd.ipynb"
 EPOCH_LOOP = "for epoch in range ( epochs ) :"  # lesson 02's, as tokens
-RENAMED = re.compile(r"``([^`]+)``(?: \([^)]*\))? is ``([^`]+)``")
+# lesson 02's name -> lesson 03's, as tokens: the value lesson 02's CONFIG copies
+RENAMED = [('CONFIG [ "max_grad_norm" ]', "MAX_GRAD_NORM")]
 
 
 def logical_lines(source):
@@ -92,42 +94,41 @@ def lesson_2_loop(cell_source, renames):
 
 
 def lesson_3_loop(source):
-    """Lesson 03's ``train_loop`` body, its docstring left out and its NEW lines
-    removed, and the renames its docstring lists."""
-    lines = function_lines(source, "train_loop")[1:]
-    docstring = lines[0][1]
-    assert docstring.startswith('"""'), "train_loop has lost its docstring"
-    renames = [(tokens_of(old), tokens_of(new))
-               for old, new in RENAMED.findall(" ".join(docstring.split()))]
-    return without_new_lines(lines[1:]), renames, docstring
-
-
-def tokens_of(code):
-    return logical_lines(code + "\n")[0][1]
+    """Lesson 03's ``train_loop`` body, its NEW lines removed."""
+    return without_new_lines(function_lines(source, "train_loop")[1:])
 
 
 def difference(lesson_2_cell, lesson_3_source):
     """The lines that differ (a unified diff), empty when lesson 03's loop without its
     NEW lines is lesson 02's."""
-    loop_3, renames, docstring = lesson_3_loop(lesson_3_source)
-    assert "one pass" in docstring, ("the docstring no longer says the epochs "
-                                     "became one pass")
-    loop_2 = lesson_2_loop(lesson_2_cell, renames)
+    loop_2 = lesson_2_loop(lesson_2_cell, RENAMED)
+    loop_3 = lesson_3_loop(lesson_3_source)
     show = ["    " * depth + code for depth, code in loop_2], [
         "    " * depth + code for depth, code in loop_3]
     return list(difflib.unified_diff(*show, "lesson 02", "lesson 03 without NEW",
                                      lineterm=""))
 
 
+def defined_function(cell_source, name):
+    """The text of function ``name`` as a cell defines it, up to the cell's end or its
+    next top-level line."""
+    lines = cell_source.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"def {name}("))
+    end = next((i for i in range(start + 1, len(lines))
+                if lines[i] and not lines[i].startswith((" ", ")"))), len(lines))
+    return "\n".join(lines[start:end]).rstrip()
+
+
 @pytest.fixture(scope="module")
 def sources(read_notebook):
-    """(lesson 02's cell defining the loop, lesson 03's loop as the lesson shows it)."""
+    """(lesson 02's cell defining the loop, lesson 03's ``train_loop`` as its cell
+    defines it)."""
     cell_2 = next("".join(cell["source"]) for cell in read_notebook(LESSON_2)["cells"]
                   if "def train_with_accelerator(" in "".join(cell["source"]))
-    cell_3 = next(cell for cell in read_notebook(LESSON_3)["cells"]
-                  if "getsource(train_loop)" in "".join(cell["source"]))
-    shown = "".join(cell_3["outputs"][0]["data"]["text/plain"])
-    return cell_2, shown
+    cell_3 = next("".join(cell["source"]) for cell in read_notebook(LESSON_3)["cells"]
+                  if cell["cell_type"] == "code"
+                  and "def train_loop(" in "".join(cell["source"]))
+    return cell_2, defined_function(cell_3, "train_loop")
 
 
 def test_lesson_3_loop_is_lesson_2_loop_plus_the_new_lines(sources):
@@ -135,25 +136,48 @@ def test_lesson_3_loop_is_lesson_2_loop_plus_the_new_lines(sources):
     assert not diff, "\n".join(diff)
 
 
-def test_lesson_3_shows_the_helper_it_runs(sources):
+def test_the_processes_run_the_loop_the_lesson_shows(sources):
+    # as accelerate's tests/test_examples.py: the lesson's cell and the module that the
+    # worker processes import hold the same lines, character for character
     import inspect
 
     from helpers.local_sgd import train_loop
 
-    # the output's text is the source without its final newline
-    assert sources[1] == inspect.getsource(train_loop).rstrip("\n")
+    assert sources[1] == inspect.getsource(train_loop).rstrip()
 
 
-def test_the_renames_come_from_the_docstring(sources):
-    _, renames, _ = lesson_3_loop(sources[1])
-    assert renames == [("dataloader", "batches"),
-                       ('CONFIG [ "max_grad_norm" ]', "MAX_GRAD_NORM")]
+def test_the_lesson_shows_the_decks_local_sgd_line(sources):
+    tokens = [code for _, code, _ in logical_lines(sources[1] + "\n")]
+    assert ("with LocalSGD ( accelerator = accelerator , model = model , "
+            "local_sgd_steps = 8 , enabled = True ) as local_sgd :") in tokens
+    assert "local_sgd . step ( )" in tokens
+
+
+def test_the_other_runs_loop_differs_only_in_k_and_enabled():
+    # DDP (enabled=False) and the lab's sweep over k run train_loop_every: the same
+    # lines, with local_sgd_steps and enabled taken as arguments
+    import inspect
+
+    from helpers.local_sgd import train_loop, train_loop_every
+
+    def body(function):
+        return [(depth, code) for depth, code, _ in
+                logical_lines(inspect.getsource(function))[1:]]
+
+    deck, every = body(train_loop), body(train_loop_every)
+    differing = [(a, b) for a, b in zip(deck, every) if a != b]
+    assert len(deck) == len(every) and differing == [(
+        (1, "with LocalSGD ( accelerator = accelerator , model = model , "
+            "local_sgd_steps = 8 , enabled = True ) as local_sgd :"),
+        (1, "with LocalSGD ( accelerator = accelerator , model = model , "
+            "local_sgd_steps = local_sgd_steps , enabled = enabled ) as local_sgd :"),
+    )]
 
 
 # Each way the promise can break, applied to the real sources: the test must see it.
 BREAKS = {
     "a NEW line left unmarked": (
-        3, "local_sgd.step()  # NEW: counts", "local_sgd.step()  # counts"),
+        3, "local_sgd.step()  # NEW", "local_sgd.step()"),
     "a line of lesson 2 marked NEW": (
         3, "optimizer.zero_grad()\n", "optimizer.zero_grad()  # NEW\n"),
     "a line of lesson 3 changed": (
@@ -162,8 +186,8 @@ BREAKS = {
         2, "optimizer.step()\n", "optimizer.step(); pass\n"),
     "a line of lesson 2 moved out of its block": (
         2, " " * 16 + "optimizer.zero_grad()", " " * 12 + "optimizer.zero_grad()"),
-    "a rename the docstring does not state": (
-        3, 'its\n    ``CONFIG["max_grad_norm"]`` is ``MAX_GRAD_NORM``.', "and."),
+    "a name of lesson 3 changed": (
+        3, "MAX_GRAD_NORM)", "1.0)"),
 }
 
 
@@ -174,3 +198,22 @@ def test_the_comparison_sees_a_broken_promise(sources, lesson, old, new):
     assert before.count(old) == 1, f"no single {old!r} in lesson {lesson}'s loop"
     broken = before.replace(old, new)
     assert difference(*((broken, shown) if lesson == 2 else (cell_2, broken)))
+
+
+def test_lesson_2_config_copies_the_renamed_constant(read_notebook):
+    # RENAMED holds only while lesson 02's CONFIG["max_grad_norm"] is MAX_GRAD_NORM
+    assert any('"max_grad_norm": MAX_GRAD_NORM,' in "".join(cell["source"])
+               for cell in read_notebook(LESSON_2)["cells"])
+
+
+def test_k_8_runs_the_decks_loop_and_the_other_runs_its_twin(monkeypatch):
+    import helpers.local_sgd as local_sgd
+
+    called = []
+    monkeypatch.setattr(local_sgd, "train_loop", lambda *args: called.append("deck"))
+    monkeypatch.setattr(local_sgd, "train_loop_every",
+                        lambda *args, **kwargs: called.append(kwargs))
+    for k in (8, None, 4):
+        local_sgd.run_loop(None, None, None, None, [], k)
+    assert called == ["deck", {"local_sgd_steps": 1, "enabled": False},
+                      {"local_sgd_steps": 4, "enabled": True}]
