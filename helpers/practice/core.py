@@ -192,7 +192,8 @@ def cached_outcome(exercise, which, index):
 def differences(exercise, got, expected, config):
     """Where and what differs (not the intended values: they may be the answer)."""
     def shown(key, value):  # tensors by name only: their values say nothing to read
-        value = f"{value:.4g}" if isinstance(value, float) else short_repr(value, 60)
+        value = f"{value:.4g}" if isinstance(value, float) else short_repr(
+            value, 160 if isinstance(value, str) else 60)  # a text: whole, as said
         return key if "tensor(" in value else f"{key} {value}"
 
     in_words = exercise.label.format(*config if isinstance(config, tuple) else [config])
