@@ -25,7 +25,7 @@ CHECK_FAILED = "the check itself failed"  # a bug in the check, not a wrong answ
 AGAIN = "with your code, run that cell, then run this check again."  # not done yet
 # practices 3 and 6: a collective one process never joins fails in seconds, not 60
 COLLECTIVE_TIMEOUT_S = 6
-NEVER_JOINED = "RuntimeError: a collective timed out: a process never joined it"
+NEVER_JOINED = "RuntimeError: a collective timed out, as a process never joined it"
 
 
 def never_joined(error):
