@@ -26,7 +26,7 @@ VERDICT_WORDS = {
            "the check itself failed": "जाँच ख़ुद विफल हो गई", "Exercise": "अभ्यास"},
     "tr": {"correct": "doğru", "not quite": "tam değil",
            "not done yet": "henüz yapılmadı",
-           "the check itself failed": "denetimin kendisi başarısız oldu",
+           "the check itself failed": "kontrolün kendisi başarısız oldu",
            "Exercise": "Alıştırma"},
 }
 
@@ -65,12 +65,12 @@ FIXED_PHRASES = {
     ],
     "tr": [
         (_NOT_DONE_RETURNS, "{name} hâlâ `...` döndürüyor: içindeki her `...` yerine "
-                            "kodunuzu yazın, o hücreyi çalıştırın, sonra bu denetimi "
+                            "kodunuzu yazın, o hücreyi çalıştırın, sonra bu kontrolü "
                             "yeniden çalıştırın."),
         (_NOT_DONE_REPLACE, "{name} içindeki her `...` yerine kodunuzu yazın, o "
-                            "hücreyi çalıştırın, sonra bu denetimi yeniden "
+                            "hücreyi çalıştırın, sonra bu kontrolü yeniden "
                             "çalıştırın."),
-        (_CHECK_BUG, "Bu, cevabınızdaki değil denetimin kendisindeki bir hata: "
+        (_CHECK_BUG, "Bu, cevabınızdaki değil kontrolün kendisindeki bir hata: "
                      "{error}, şurada: {where}. Lütfen bu mesajla birlikte kurs "
                      "sorumlularına bildirin (kursun issue tracker'ında)."),
         (_CALLING_RAISED, "{name} çağrılınca {error} oluştu. İpucu: "),

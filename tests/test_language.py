@@ -88,13 +88,13 @@ PRINTED = {
         "अभ्यास 1.2: सही. B was kept: 3 tensors, measured."],
     "notebooks/tr/practice": [
         "Alıştırma 1.2: henüz yapılmadı. keep_b içindeki her `...` yerine kodunuzu "
-        "yazın, o hücreyi çalıştırın, sonra bu denetimi yeniden çalıştırın.",
+        "yazın, o hücreyi çalıştırın, sonra bu kontrolü yeniden çalıştırın.",
         "Alıştırma 1.2: tam değil. keep_b çağrılınca ZeroDivisionError: division by "
         "zero oluştu. İpucu: divide by the count.",
         "Alıştırma 1.2: tam değil. keep_b çağrılınca AssertionError: No inf checks "
         "were recorded for this optimizer oluştu: you kept A. İpucu: keep B.",
-        "Alıştırma 1.2: denetimin kendisi başarısız oldu. Bu, cevabınızdaki değil "
-        "denetimin kendisindeki bir hata: KeyError: 'state', şurada: ",
+        "Alıştırma 1.2: kontrolün kendisi başarısız oldu. Bu, cevabınızdaki değil "
+        "kontrolün kendisindeki bir hata: KeyError: 'state', şurada: ",
         "Alıştırma 1.2: doğru. B was kept: 3 tensors, measured."],
     "notebooks/practice": [
         "Exercise 1.2: not done yet. Replace each `...` in keep_b with your code, run "

@@ -126,7 +126,7 @@ def test_2_4_step_mean_loss():
         F.cross_entropy(outputs.logits, labels, reduction="sum") / num_items_in_batch
 
     for loss_function, hint in [
-            (forgot_return, "forget `return`"),
+            (forgot_return, "no `return` of a value"),
             (lambda outputs, labels, num_items_in_batch: outputs.loss / 40,
              "outputs.loss is None")]:
         assert_verdict(check(l2.UNEVEN, loss_function), WRONG, hint)
@@ -139,3 +139,17 @@ def test_a_check_that_trains_leaves_the_learners_random_numbers_alone():
 
     assert draws_after_seeding(
         lambda: l2.check_fixed_loop.verdict(fixed_loop)) == draws_after_seeding()
+
+
+def test_2_4_a_none_returned_is_named_by_where_it_came_from():
+    """Issue 44: `return outputs.loss` (None: Trainer took the labels out) was told
+    "did you forget `return`?"."""
+    verdict = check(l2.UNEVEN, lambda outputs, labels, num_items_in_batch: outputs.loss)
+    assert_verdict(verdict, WRONG, "returned None, which is outputs.loss",
+                   "takes the labels out", "outputs.logits and labels")
+    assert "forget" not in verdict.message and "no `return`" not in verdict.message
+
+    def no_return(outputs, labels, num_items_in_batch):
+        F.cross_entropy(outputs.logits, labels, reduction="sum") / num_items_in_batch
+
+    assert_verdict(check(l2.UNEVEN, no_return), WRONG, "no `return` of a value")

@@ -3,6 +3,7 @@ gets its own hint, on real processes. A kernel's first check on 2 (or 3) process
 measures every listed answer there in one launch; the later checks reuse them. What
 show_communication prints is compared by nbval, in both practice 3 notebooks."""
 import fractions
+import time
 
 import numpy as np
 import torch
@@ -108,3 +109,52 @@ def test_3_3_and_3_4_right_answers_written_otherwise_measure_as_the_intended_one
     assert all(l3.FIX.same(run, fixed) for run in runs)
     assert l3.AVERAGING.same(averaged, intended), averaged
     assert l3.AVERAGING.same(copied, intended), copied
+
+
+def test_3_2_a_pair_as_an_array_or_a_tensor_is_a_pair():
+    """Issue 44: the right pair as np.array([ddp, local]) was told "should be a
+    number"; a dict gets its own words."""
+    def right(m, a, k, p):
+        return m // a * p, (m // k + 1) * p
+
+    assert_judged(l3.PREDICT_BOTH, lambda *case: np.array(right(*case)),
+                  lambda *case: torch.tensor(right(*case)))
+    assert_verdict(check(l3.PREDICT_BOTH, lambda *case: dict(zip("ab", right(*case)))),
+                   WRONG, "is a dict", "as a tuple")
+
+
+def only_process_0_copies_back(accelerator, model):
+    with torch.no_grad():
+        flat = torch.nn.utils.parameters_to_vector(model.parameters())
+        flat = accelerator.reduce(flat, reduction="mean")
+        if accelerator.is_main_process:
+            torch.nn.utils.vector_to_parameters(flat, model.parameters())
+
+
+def test_3_4_every_process_must_hold_the_mean():
+    """Issue 44: copying back on process 0 alone was called correct."""
+    verdict = check(l3.AVERAGING, only_process_0_copies_back)
+    assert_verdict(verdict, WRONG, "only process 0's parameters hold the mean")
+
+
+def step_on_process_0_only(accelerator, model, optimizer, dataloader):
+    with LocalSGD(accelerator=accelerator, model=model, local_sgd_steps=8,
+                  enabled=True) as local_sgd:
+        for batch in dataloader:
+            with accelerator.accumulate(model):
+                accelerator.backward(model(**batch).loss)
+                optimizer.step()
+                optimizer.zero_grad()
+                if accelerator.is_main_process:
+                    local_sgd.step()
+
+
+def test_3_3_a_collective_one_process_skips_gets_its_hint_in_seconds():
+    """Issue 44: local_sgd.step() on process 0 only waited 61.8 s (gloo's 60 s), and
+    the verdict ended "run it on its own"."""
+    assert_verdict(check(l3.FIX, l3.FIX.intended), CORRECT)  # the listed, measured
+    start = time.perf_counter()
+    verdict = check(l3.FIX, step_on_process_0_only)
+    assert_verdict(verdict, WRONG, "never joined", "is_main_process")
+    assert "run it on its own" not in verdict.message
+    assert time.perf_counter() - start < 15  # its launch, then a 6 s wait

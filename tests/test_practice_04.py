@@ -132,3 +132,14 @@ def test_4_4_adafactor_and_8bit_state():
     assert_verdict(verdict(lambda shapes, momentum: 1, unfinished), WRONG,
                    "adafactor_state_bytes gave 1 bytes")
 
+
+
+def test_4_2_a_budget_in_gib_or_mb_is_named_as_such():
+    """Issue 44: bytes given in GiB were told "Hint: in bytes per parameter"."""
+    n = sum(math.prod(shape) for shape in l4.llama_shapes(**l4.LLAMA_2_7B))
+    for unit, size in (("GiB", 2**30), ("GB", 1e9), ("MiB", 2**20)):
+        in_unit = {**{part: bytes_ / size for part, bytes_ in budget_of(n).items()
+                      if part in l4.PARTS}, l4.FITS: False}
+        verdict = check(l4.TRAINING_BUDGET, in_unit)
+        assert_verdict(verdict, WRONG, f"gave {unit}", "asks for bytes")
+        assert "per parameter" not in verdict.message

@@ -141,3 +141,41 @@ def test_a_check_leaves_the_learners_random_numbers_alone():  # 5.1's measure se
     as_dtypes = {op: getattr(torch, d) for op, d in l5.AUTOCAST_DTYPES.items()}
     assert draws_after_seeding(lambda: check(l5.PREDICTION, as_dtypes)) \
         == draws_after_seeding()
+
+
+def test_5_2_an_accelerator_made_earlier_in_the_notebook_passes_and_still_works():
+    """Issue 44: returning an Accelerator(mixed_precision="bf16") made before the check
+    was rejected: the check's reset of Accelerate's state broke it."""
+    AcceleratorState._reset_state(reset_partial_state=True)
+    made_earlier = Accelerator(mixed_precision="bf16", cpu=ON_CPU)
+    assert_verdict(check(l5.BF16_SETUPS, (l5.BF16_ARGS, lambda: made_earlier)),
+                   l5.core.CORRECT)
+    assert made_earlier.state.mixed_precision == "bf16"  # untouched, and it still runs
+    model = made_earlier.prepare(torch.nn.Linear(2, 2))
+    assert model(torch.ones(1, 2)).dtype == torch.float32  # converted back, as prepared
+
+
+def test_5_4_zero_grad_before_scaler_step_gets_its_own_hint():
+    """Issue 44: optimizer.zero_grad() between clipping and scaler.step was told
+    "unscale_ before clip_grad_norm_", which the learner did."""
+    loop = l5.float16_loop(steps="".join(STEP[s] for s in "scale unscale clip".split())
+                           + STEP["zero"] + STEP["step"] + STEP["update"])
+    verdict = check(l5.FLOAT16_LOOP, loop)
+    assert_verdict(verdict, WRONG, "zero_grad() ran before scaler.step(optimizer)")
+    assert "unscale_" not in verdict.message
+
+
+def test_5_1_the_figure_on_a_cpu_differs_from_the_answer_in_the_layer_norm_alone():
+    """What exercise 5.1 says of the lesson's DistilBERT figure (issue 43), counted as
+    the figure counts: eager attention, one forward under CPU bfloat16 autocast."""
+    from helpers.mixed_precision import DtypeCounter, autocast_for, on_fake_tensors
+    from helpers.models import build_model
+
+    model = build_model("tiny")
+    model.set_attn_implementation("eager")
+    with on_fake_tensors(), autocast_for("bfloat16", "cpu"), DtypeCounter() as counter:
+        model(input_ids=torch.randint(5, 100, (2, 16)), labels=torch.tensor([0, 1]))
+    figure = {op: {d for o, d in counter.counts if o == op} for op in l5.WHY_5_1}
+    figure["mse_loss"] = {d for o, d in counter.counts if o == "nll_loss_forward"}
+    differ = [op for op, dtype in l5.AUTOCAST_DTYPES.items() if figure[op] != {dtype}]
+    assert differ == ["native_layer_norm"], figure

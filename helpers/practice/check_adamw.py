@@ -114,8 +114,9 @@ def measure_budget(answer, config):
             getattr(budget.get(FITS), "dtype", type(budget.get(FITS))))):  # NumPy's too
         raise core.Wrong(f"training_bytes should be a dict of the bytes of {PARTS}, "
                          f"and {FITS!r}: True or False; it is {budget!r:.80}.")
-    return {**{part: core.as_number(budget[part], f"training_bytes[{part!r}]") / N_7B
-               for part in PARTS}, FITS: bool(budget[FITS])}
+    per_parameter = {part: core.as_number(budget[part], f"training_bytes[{part!r}]")
+                     / N_7B for part in PARTS}  # in GiB, MB...: core.in_units says so
+    return {**per_parameter, FITS: bool(budget[FITS])}
 
 
 def budget(bytes_per_parameter=(2, 2, 4, 8), fits=None, n=N_7B):  # a learner's

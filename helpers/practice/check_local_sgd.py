@@ -116,13 +116,17 @@ def launch(jobs, processes=2):
 
     try:  # Accelerate says "Launching training on 2 CPUs." at each launch: not here
         with contextlib.redirect_stdout(io.StringIO()):
-            return run_in_processes(worker, (), processes)  # preloads datasets
+            return run_in_processes(worker, (), processes,  # preloads datasets
+                                    collective_timeout_s=core.COLLECTIVE_TIMEOUT_S)
     except WorkerFailedError as error:  # a process ended without its results
-        raise core.LearnerRaised(error.worker_traceback.splitlines()[-1]) from None
+        raise core.LearnerRaised(core.never_joined(error.worker_traceback)) from None
     except WorkerTimeoutError:
-        raise core.Wrong("the processes had not finished after minutes. Hint: every "
-                         "process must issue the same collectives in the same order "
-                         "(none under `if accelerator.is_main_process:`).") from None
+        raise core.Wrong(f"{core.NEVER_JOINED}. Hint: {SAME_COLLECTIVES}") from None
+
+
+SAME_COLLECTIVES = ("every process must issue the same collectives in the same order: "
+                    "none under `if accelerator.is_main_process:`.")
+NEVER_JOINED_HINT = (("a process never joined", SAME_COLLECTIVES),)  # 3.3's and 3.4's
 
 
 def launched(measure, answer, processes=2):
@@ -132,7 +136,7 @@ def launched(measure, answer, processes=2):
     _kept.update(zip(todo, launch(todo, processes) if todo else []))
     result = _kept[job] if job in LISTED[processes] else _kept.pop(job)
     if isinstance(result, dict) and "raised" in result:
-        raise core.LearnerRaised(result["raised"])
+        raise core.LearnerRaised(core.never_joined(result["raised"]))
     return result
 
 
@@ -145,9 +149,7 @@ def bytes_sent(accelerator, case):
 
 
 def predictions(answer, case):  # 3.1's and 3.2's measure: a number, or a pair of them
-    value = core.learner(answer, *case)
-    pair = isinstance(value, (tuple, list))
-    return tuple(map(core.as_number, value)) if pair else core.as_number(value)
+    return core.as_numbers(core.learner(answer, *case), "your prediction")
 
 
 COUNT = "count the averagings (and DDP's steps), then the bytes of each."
@@ -222,6 +224,7 @@ FIX = core.Exercise(
         f"on {m} micro-batches, accumulating {a}, {said}, unlike the fixed loop. Hint: "
         "show_communication(fixed_train_loop) shows it; move only the misplaced lines."
         for (m, a), said in zip(FIX_SETUPS, map(difference, got, expected)) if said),
+    error_hints=NEVER_JOINED_HINT,
     correct=("measured on 2 processes, your loop sent no gradients, averaged the "
              "parameters every 4 optimizer steps and as the block ended, with the "
              "workers' weights identical after each averaging; each step applied "
@@ -290,7 +293,10 @@ def probe(accelerator, average):
         dtypes |= {str(p.dtype).split(".")[1] for p in model.parameters()}
         sent += [[e["collective"], e["bytes"]] for e in counter.events
                  if e["collective"] != "barrier"]
-    return {"the parameters hold": core.listed(dict.fromkeys(holds)),
+    everyone = [None] * n  # every process's parameters, not process 0's alone
+    torch.distributed.all_gather_object(everyone, core.listed(dict.fromkeys(holds)))
+    held = "; ".join(f"on process {r}, {what}" for r, what in enumerate(everyone))
+    return {"the parameters hold": everyone[0] if len(set(everyone)) == 1 else held,
             "dtypes": sorted(dtypes), "collectives": sent}
 
 
@@ -306,6 +312,7 @@ COPY_BACK = "torch.nn.utils.vector_to_parameters(flat, model.parameters())"
 AVERAGING = core.Exercise(
     number="3.4", name="average_parameters", intended=from_source(AVERAGE),
     measure=lambda answer, config: launched(probe, answer, 3),
+    error_hints=NEVER_JOINED_HINT,
     describe=("every parameter should end as its mean over the processes, in float32, "
               "after one all-reduce of all of them (a flat tensor), nothing else."),
     correct=(f"measured on 3 processes: your function leaves every parameter at its "
@@ -322,6 +329,11 @@ AVERAGING = core.Exercise(
         ("your function left the parameters as they were: it averaged a flat copy "
          "(parameters_to_vector makes one). Hint: copy it back (vector_to_parameters).",
          from_source(AVERAGE, (COPY_BACK, ""))),
+        ("only process 0's parameters hold the mean; the others kept their own: "
+         "every process must copy the mean back. Hint: no `if accelerator."
+         "is_main_process:` around vector_to_parameters.",
+         from_source(AVERAGE, (COPY_BACK, "if accelerator.is_main_process:\n"
+                               "            " + COPY_BACK))),
         ("you all-reduce one tensor at a time, as LocalSGD does. Hint: put all the "
          "parameters in one flat tensor first (parameters_to_vector).",
          from_source(AVERAGE, (REDUCE, "flat"), (

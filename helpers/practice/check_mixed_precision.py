@@ -1,5 +1,6 @@
 """Practice 5's checks (lesson 05): the dtypes autocast ran, bfloat16 in Trainer and
 Accelerator, the bytes a real step held, a float16 loop's GradScaler."""
+import contextlib
 import functools
 
 import torch
@@ -73,11 +74,14 @@ def bf16_setups_run(answer, config):
     """Accelerator: logits dtype and loss; then Trainer: matmul dtypes and loss."""
     make_training_args, make_accelerator = answer
     fixtures.learners_arguments(make_training_args)  # a form problem, said first
-    with fixtures.fresh_accelerate_state(), torch.no_grad():
+    with fixtures.fresh_accelerate_state() as learners, torch.no_grad():
         accelerator = core.returned(core.learner(make_accelerator), Accelerator,
                                     "make_accelerator")
-        outputs = core.learner(accelerator.prepare, fixtures.tiny_model())(
-            **fixtures.fixed_batches(8, 1)[0])
+        made_before = vars(accelerator.state) is learners[1]  # it runs in its state
+        with (fixtures.fresh_accelerate_state(learners) if made_before
+              else contextlib.nullcontext()):
+            outputs = core.learner(accelerator.prepare, fixtures.tiny_model())(
+                **fixtures.fixed_batches(8, 1)[0])
     with DtypeCounter() as counter:
         trainer = core.learner(fixtures.trainer_run, 8, 8, make_args=make_training_args)
     return {"trainer": ([d for op, d in counter.counts if op == "addmm"],
@@ -197,11 +201,13 @@ def float16_run(loop, max_grad_norm):
     model = fixtures.tiny_model()
     start, steps = flat_parameters(model), []
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)  # sizes show in the weights
-    optimizer.register_step_post_hook(lambda *args: steps.append(1))
+    optimizer.register_step_pre_hook(lambda *args: steps.append(any(
+        p.grad is not None and p.grad.any() for p in model.parameters())))
     scaler = torch.amp.GradScaler(fixtures.DEVICE.type, init_scale=2.0**SCALE_EXPONENT)
     core.learner(loop, model, optimizer, scaler, fixtures.fixed_batches(8, 5),
                  max_grad_norm)
-    return {"steps": len(steps), "scale": int(scaler.get_scale()),  # compared first
+    return {"steps": len(steps), "steps without gradients": steps.count(False),
+            "scale": int(scaler.get_scale()),  # compared first
             "weights": (flat_parameters(model) - start).float().cpu()}
 
 
@@ -226,7 +232,12 @@ FLOAT16_LOOP = core.Exercise(
          "Hint: scaler.step(optimizer) skips such steps.",
          float16_loop("scaler.step(optimizer)", "optimizer.step()")),
         ("each step's gradients were added to the previous ones. Hint: "
-         "optimizer.zero_grad() after each step.", float16_loop("zero_grad"))],
+         "optimizer.zero_grad() after each step.", float16_loop("zero_grad")),
+        ("optimizer.zero_grad() ran before scaler.step(optimizer), so each step found "
+         "no gradients and left the weights as they were. Hint: zero_grad() last, "
+         "after scaler.update().", float16_loop(steps=INTENDED_STEPS.replace(
+             "optimizer.zero_grad()\n", "").replace("scaler.step", "optimizer."
+                                                      "zero_grad()\nscaler.step")))],
     error_hints=[  # what GradScaler raises, and the fix
         ("_scale is None", "scaler.scale(loss).backward(), not loss.backward()."),
         ("is being called after step()", "per batch, in this order: unscale_, clip, "

@@ -1,4 +1,6 @@
 """Practice 6's checks (lesson 06): ZeRO's formulas; 6.3, a sharded save on 2 ranks."""
+import contextlib
+import io
 import os
 import tempfile
 
@@ -6,6 +8,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from torch.serialization import add_safe_globals, clear_safe_globals, get_safe_globals
 
 from helpers import launcher
 from helpers.models import build_model
@@ -14,7 +17,6 @@ from helpers.units import MiB
 
 STAGES = {"DDP": (), "ZeRO-1": ("state",), "ZeRO-2": ("gradients", "state"),
           "ZeRO-3": ("weights", "gradients", "state")}  # stage -> what it divides by n
-COLLECTIVE_TIMEOUT_S = 6  # 6.3's usual mistake, a gather one process skips, fails fast
 _held = {}  # 6.3's mistakes' outcomes, weighed in the intended answer's launch, not 3
 
 
@@ -46,25 +48,42 @@ def check_bytes_per_process(bytes_per_process):
     """``bytes_per_process(stage, parameters, n)``: one of ``n`` processes' bytes."""
 
 
+# bytes a step sends / DDP's, as lesson 6 measured PyTorch's runs (*_comm_bytes_ratio):
+# ZeroRedundancyOptimizer, fully_shard without resharding, and with it
+SENT = {"DDP": 1.0, "ZeRO-1": 1.5, "ZeRO-2": 1.0, "ZeRO-3": 1.5}
+
+
+def cheapest(parameters, n, gpu_bytes, activation_bytes, sent=SENT):
+    """The stage that fits and sends the fewest bytes; of two, the one less split."""
+    fitting = [stage for stage in STAGES  # least split first: min keeps the first
+               if formula_bytes(stage, parameters, n) + activation_bytes <= gpu_bytes]
+    return min(fitting, key=sent.get, default=None)
+
+
 FITS = core.Exercise(
     "6.2", lambda answer, config: core.learner(answer, *config),
-    name="first_stage_that_fits", intended=lambda p, n, gpu, act: next(
-        (stage for stage in STAGES if formula_bytes(stage, p, n) + act <= gpu), None),
+    name="cheapest_stage_that_fits", intended=cheapest,
     configs=((1.3e9, 8, 24e9, 2e9), (7e9, 8, 80e9, 10e9), (7e9, 8, 80e9, 20e9),
              (13e9, 8, 80e9, 10e9), (7e9, 64, 80e9, 20e9), (70e9, 8, 80e9, 10e9)),
     label="{:.3g} parameters on {} GPUs of {:.3g} bytes, {:.3g} of activations",
     mistakes=(  # ZeRO-3 fits wherever a stage does
-        ("ZeRO-3 always fits best, but it sends the most (1.5x DDP's bytes): return "
-         "the *first* stage that fits.", lambda *c: FITS.intended(*c) and "ZeRO-3"),
+        ("ZeRO-1 fits here, but as PyTorch runs it (ZeroRedundancyOptimizer) it sends "
+         "1.5x DDP's bytes; ZeRO-2 (FSDP2 without resharding) sends 1.0x and keeps "
+         "less, so it fits wherever ZeRO-1 does. Hint: rank by the bytes sent.",
+         lambda *c: cheapest(*c, sent=dict.fromkeys(STAGES, 1))),
+        ("ZeRO-3 always fits best, but it sends 1.5x DDP's bytes: return the stage "
+         "that fits and sends the fewest.", lambda *c: cheapest(*c) and "ZeRO-3"),
         ("the activations need room too: add activation_bytes to each stage's bytes.",
-         lambda p, n, gpu, act: FITS.intended(p, n, gpu, 0))),
-    describe="return the first stage, 'DDP' to 'ZeRO-3', that fits, else None.",
-    correct="1.3B parameters fit 24 GB with DDP; 70B fit nowhere.")
+         lambda p, n, gpu, act: cheapest(p, n, gpu, 0))),
+    describe="return the stage that fits and sends the fewest bytes (DDP 1.0x, ZeRO-1 "
+    "1.5x, ZeRO-2 1.0x, ZeRO-3 1.5x), of two the less split; None if none fits.",
+    correct="1.3B parameters fit 24 GB with DDP; 7B on 8 GPUs of 80 GB with ZeRO-2, "
+    "never ZeRO-1 (it sends more); 70B fit nowhere.")
 
 
 @core.checker(FITS)
-def check_first_stage_that_fits(first_stage_that_fits):
-    """``first_stage_that_fits(parameters, n, gpu_bytes, activation_bytes)``."""
+def check_cheapest_stage_that_fits(cheapest_stage_that_fits):
+    """``cheapest_stage_that_fits(parameters, n, gpu_bytes, activation_bytes)``."""
 
 
 def colleague_save(model, path):
@@ -74,60 +93,106 @@ def colleague_save(model, path):
 
 
 def saving_worker(accelerator, saves, folder):
-    """Each process, for each save: the tiny DistilBERT sharded, saved, then weighed."""
-    mesh, held = init_device_mesh("cpu", (dist.get_world_size(),)), []
-    full = build_model("tiny", seed=0).state_dict()  # the same weights, whole
+    """Each process, each save: the tiny DistilBERT sharded, saved; who wrote it."""
+    mesh, torch_save = init_device_mesh("cpu", (dist.get_world_size(),)), torch.save
+    held, target, wrote = [], [], []
+
+    def counted(obj, f, *args, **kwargs):  # a path, a file, or a writer of torch's own
+        name = getattr(f, "name", f)
+        wrote.append(isinstance(name, str | os.PathLike) and str(name) in target)
+        return torch_save(obj, f, *args, **kwargs)
+
     for index, save in enumerate(saves):
-        path = f"{folder}/{index}.pt"
-        save(fully_shard(build_model("tiny", seed=0), mesh=mesh), path)
-        dist.barrier()  # the only collectives before it: the save's
-        saved = torch.load(path, weights_only=False) if os.path.exists(path) else {}
-        whole = sum(type(value) is torch.Tensor and torch.equal(value, full[name])
-                    for name, value in saved.items() if name in full)
-        held.append({"entries": len(saved), "whole and equal": whole,
-                     "DTensors": sum(hasattr(v, "to_local") for v in saved.values())})
+        target[:], wrote[:], torch.save = [f"{folder}/{index}.pt"], [], counted
+        try:
+            save(fully_shard(build_model("tiny", seed=0), mesh=mesh), target[0])
+        finally:
+            torch.save = torch_save
+        writers = [None] * dist.get_world_size()
+        dist.all_gather_object(writers, any(wrote))
+        held.append(sum(writers))
     return held
 
 
-def _saved(save, config):
-    if save in _held:
-        return _held.pop(save)
+def loaded_fresh(path, full):
+    """A fresh process's torch.load (defaults; no safe globals added), then the tiny
+    DistilBERT's load_state_dict: its error, or the tensors equal to ``full``'s."""
+    if not os.path.isfile(path):
+        return "no file" if not os.path.exists(path) else (
+            "a folder, not one file (torch.distributed.checkpoint writes a file per "
+            "process)")
+    added = get_safe_globals()
+    clear_safe_globals()
+    try:
+        model = build_model("tiny", seed=1)  # other weights: the file's replace them
+        model.load_state_dict(torch.load(path))
+    except Exception as error:  # its first sentence, and what load_state_dict saw
+        said = str(error).strip().splitlines()[1:2] if "state_dict" in str(
+            error) else []
+        return ": ".join([core.describe_error(error).split(". ")[0].rstrip(":"),
+                          *[line.strip().split(":")[0] for line in said]])
+    finally:
+        add_safe_globals(added)
+    equal = sum(torch.equal(v, full[k]) for k, v in model.state_dict().items())
+    return f"{equal} of {len(full)} tensors equal to the model's"
+
+
+def _saved(save, config):  # the intended answer's launch weighs the mistakes too
+    if save not in _held:
+        mistakes = [w for _, w in CHECKPOINT.mistakes if save is CHECKPOINT.intended]
+        weigh([save, *mistakes])
+    return _held.pop(save)
+
+
+def weigh(saves):
+    """Run ``saves`` in one launch of 2 processes; keep each one's outcome for 6.3."""
     import transformers.models.distilbert.modeling_distilbert  # noqa: F401
-    saves = [save] + [w for _, w in CHECKPOINT.mistakes if save is CHECKPOINT.intended]
     with tempfile.TemporaryDirectory() as folder:
         try:  # preload=False: the model's code above, once, is all the workers need
-            held = launcher.run_in_processes(
-                saving_worker, (saves, folder), timeout_s=90, preload=False,
-                collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+            with contextlib.redirect_stdout(io.StringIO()):  # "Launching training"
+                writers = launcher.run_in_processes(
+                    saving_worker, (saves, folder), timeout_s=90, preload=False,
+                    collective_timeout_s=core.COLLECTIVE_TIMEOUT_S)
         except (launcher.WorkerFailedError, launcher.WorkerTimeoutError) as error:
             said = getattr(error, "worker_traceback", "")  # none: it hung, then stopped
-            if not said or launcher.is_peer_failure(said):  # gloo's: a peer never came
-                said = "RuntimeError: a collective timed out: a process never joined"
-            return core.Raised(said.strip().splitlines()[-1])
-    _held.update(zip(saves[1:], held[1:]))
-    return held[0]
+            return _held.update(dict.fromkeys(saves, core.Raised(
+                core.never_joined(said) if said else core.NEVER_JOINED)))
+        full = build_model("tiny", seed=0).state_dict()
+        _held.update({save: {WROTE: n, LOADS: loaded_fresh(f"{folder}/{i}.pt", full)}
+                      for i, (save, n) in enumerate(zip(saves, writers))})  # as asked
 
 
-def saving(method):  # a save: every process calls a method of each entry; 0 writes
+def saving(method, writer=0):  # every process calls a method of each entry; 0 writes
     def save(model, path):
         state = {k: getattr(v, method)() for k, v in model.state_dict().items()}
-        if dist.get_rank() == 0:
+        if dist.get_rank() == writer or writer is None:
             torch.save(state, path)
     return save
 
 
+WROTE, LOADS = "processes that wrote it", "loaded in a fresh process"
 CHECKPOINT = core.Exercise(
     "6.3", _saved, intended=saving("full_tensor"), name="fixed_save",
     mistakes=(
-        ("the state dict of a `fully_shard` model holds DTensors, each process's "
-         "slice: gather each whole first (`.full_tensor()`, or `get_model_state_dict` "
-         "with `full_state_dict=True`), in every process.", colleague_save),
-        ("`.to_local()` gives this process's slice, half of each tensor: "
-         "`.full_tensor()` all-gathers the whole one.", saving("to_local"))),
-    error_hints=(("timed out", "only process 0 gathered: an all-gather waits for "
+        ("the file holds DTensors, each process's slice, which a single process "
+         "cannot load: gather each whole first (`.full_tensor()`, or "
+         "`get_model_state_dict` with `full_state_dict=True`), in every process.",
+         colleague_save),
+        ("`.to_local()` gives this process's slice, half of each tensor, so the "
+         "unsharded model refuses the file: `.full_tensor()` all-gathers the whole "
+         "one.", saving("to_local")),
+        ("both processes wrote the file, the same bytes twice, over each other: write "
+         "it once. Hint: `if dist.get_rank() == 0:` around torch.save only.",
+         saving("full_tensor", writer=None))),
+    error_hints=(("never joined", "only process 0 gathered: an all-gather waits for "
                   "every process, so gather in every process and write in one."),),
-    describe="every entry a plain tensor of the full shape, equal to the model's.",
-    correct="the file holds all {entries} tensors whole.")
+    describe=lambda got, expected, config: (
+        f"processes that wrote the file: {got[WROTE]}; {LOADS}: {got[LOADS]}. Hint: "
+        "one file, written by one process, that torch.load's defaults read in a fresh "
+        "process into the unsharded model."),
+    correct=lambda got, config: (
+        f"one process wrote the file; in a fresh process, torch.load with its "
+        f"defaults read it and the unsharded model took it: {got[LOADS]}."))
 
 
 @core.checker(CHECKPOINT)

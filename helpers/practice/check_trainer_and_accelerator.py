@@ -1,5 +1,6 @@
 """Practice 2's checks (lesson 02), on the practice core: each runs the answer for real
 on the tiny DistilBERT (a Trainer step, an Accelerate loop) and measures what it did."""
+import ast
 import functools
 
 import torch
@@ -226,10 +227,27 @@ def compare_with_bigger_batches(loop):
           f"{len(losses) if isinstance(losses, tuple) else losses}")
 
 
+def none_said(step_mean_loss):
+    """``step_mean_loss``, whose None says which None: outputs.loss, or no return."""
+    def loss(outputs, labels, num_items_in_batch):
+        if (value := step_mean_loss(outputs, labels, num_items_in_batch)) is not None:
+            return value
+        tree = core.source_tree(step_mean_loss) or ast.Module(body=[])
+        if tree.body and not any(isinstance(node, ast.Lambda) or isinstance(
+                node, ast.Return) and node.value for node in ast.walk(tree)):
+            raise core.Wrong("step_mean_loss returned None: it has no `return` of a "
+                             "value. Hint: return the loss.")
+        raise core.Wrong("step_mean_loss returned None" + (
+            ", which is outputs.loss: Trainer takes the labels out of the batch "
+            "before the forward. Hint: compute the loss from outputs.logits and labels."
+            if outputs.loss is None else ". Hint: return the loss, a tensor."))
+    return loss
+
+
 def measure_loss_function(step_mean_loss, config):
     """The weights after a Trainer step with ``step_mean_loss``, the loss logged."""
     trainer = core.learner(fixtures.trainer_run, config[0], 16, config[1], **SGD,
-                           compute_loss_func=step_mean_loss)
+                           compute_loss_func=none_said(step_mean_loss))
     return {"weights": flat_parameters(trainer.model).cpu(),
             "logged": fixtures.logged_losses(trainer)[0]}
 
@@ -256,7 +274,6 @@ UNEVEN = core.Exercise(  # 40 examples in micro-batches of 16, 16 and 8; then 16
          "num_items_in_batch.",
          lambda outputs, labels, num_items_in_batch: summed(outputs, labels, 40))],
     error_hints=[
-        ("*=: 'NoneType'", "step_mean_loss returned None: did you forget `return`?"),
         ("NoneType' and", "Trainer takes the labels out of the batch, so outputs.loss "
                           "is None: use outputs.logits and labels.")],
     describe="each micro-batch's share is the sum of its examples' losses divided by "

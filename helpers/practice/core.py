@@ -23,6 +23,21 @@ from helpers.random_state import global_random_state_kept
 CORRECT, WRONG, NOT_DONE = "correct", "not quite", "not done yet"
 CHECK_FAILED = "the check itself failed"  # a bug in the check, not a wrong answer
 AGAIN = "with your code, run that cell, then run this check again."  # not done yet
+# practices 3 and 6: a collective one process never joins fails in seconds, not 60
+COLLECTIVE_TIMEOUT_S = 6
+NEVER_JOINED = "RuntimeError: a collective timed out, as a process never joined it"
+
+
+def never_joined(error):
+    """A worker's error (or traceback) in one line: NEVER_JOINED where it is gloo's wait
+    or a peer's failure (a process waited for one that never came), else its last
+    ``Type: message`` line."""
+    if re.search("timed? ?out|by peer|gloo/transport|signalexception|sigabrt", error,
+                 re.IGNORECASE):
+        return NEVER_JOINED
+    lines = error.strip().splitlines() or [""]
+    return next((line for line in lines[::-1] if re.match(r"\w+(Error|Exception)\b",
+                                                          line)), lines[-1])
 
 
 @dataclass
@@ -151,6 +166,8 @@ def judge(exercise, answer):
         return WRONG, f"{said}. Hint: " + next(
             (hint for text, hint in exercise.error_hints if text in got.error),
             "run it on its own to see the full error.")
+    if unit := in_units(got, expected, exercise.name):  # bytes in GiB, MB...
+        return WRONG, unit
     if callable(exercise.describe):
         return WRONG, exercise.describe(got, expected, config)
     return WRONG, differences(exercise, got, expected, config)
@@ -175,7 +192,8 @@ def cached_outcome(exercise, which, index):
 def differences(exercise, got, expected, config):
     """Where and what differs (not the intended values: they may be the answer)."""
     def shown(key, value):  # tensors by name only: their values say nothing to read
-        value = f"{value:.4g}" if isinstance(value, float) else short_repr(value, 60)
+        value = f"{value:.4g}" if isinstance(value, float) else short_repr(
+            value, 160 if isinstance(value, str) else 60)  # a text: whole, as said
         return key if "tensor(" in value else f"{key} {value}"
 
     in_words = exercise.label.format(*config if isinstance(config, tuple) else [config])
@@ -238,6 +256,30 @@ def as_number(value, name="your answer", whole=False):
     return int(number) if whole else number
 
 
+def as_numbers(value, name="your answer"):
+    """A tuple of numbers from a tuple, list, 1-d array or tensor; else Wrong."""
+    if isinstance(value, (dict, set)):  # named as a learner says; a text: as_number
+        raise Wrong(f"{name} is a {type(value).__name__}, {short_repr(value, 60)}. "
+                    "Hint: give the numbers in order, as a tuple: (first, second).")
+    if isinstance(value, (tuple, list)) or len(getattr(value, "shape", "")) == 1:
+        return tuple(as_number(item, f"each number of {name}") for item in value)
+    return as_number(value, name)  # one number, judged as one
+
+
+def in_units(got, expected, name="your answer"):
+    """A sentence where ``got`` is ``expected``'s bytes in GiB, MB..., else ""."""
+    pairs = [(got[k], e) for k, e in expected.items() if k in got] if isinstance(
+        got, dict) else [(got, expected)]
+    return next((f"{name} gave {unit}: the answer asks for bytes. Hint: 1 {unit} = "
+                 f"{size:,} bytes." for unit, size in UNITS if all(isinstance(
+                     g, numbers.Real) and math.isclose(g * size, e, rel_tol=1e-4)
+                                                          for g, e in pairs)), "")
+
+
+UNITS = {"GiB": 2**30, "GB": 10**9, "MiB": 2**20, "MB": 10**6, "KiB": 2**10,
+         "kB": 10**3}.items()
+
+
 def returned(value, kind, name):
     """``value``, if the learner's ``name`` returned a ``kind``; else a form problem."""
     if not isinstance(value, kind):
@@ -275,6 +317,14 @@ def where_raised(error):
     return f"{shown}, line {frame.lineno}"
 
 
+def source_tree(function):
+    """The syntax tree of ``function``'s source; None where there is none to read."""
+    try:
+        return ast.parse(textwrap.dedent(inspect.getsource(function)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+
+
 def is_unfinished(answer):
     """Whether ``answer`` (a value, a container, a function's source) holds a `...`."""
     if isinstance(answer, (dict, list, tuple, set)):
@@ -282,9 +332,7 @@ def is_unfinished(answer):
                        else answer))
     if not inspect.isfunction(answer):
         return answer is Ellipsis
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(answer)))
-    except (OSError, TypeError, SyntaxError):
+    if (tree := source_tree(answer)) is None:
         return False  # no source to read: judge it by what it does
     in_slices = {id(node) for sub in ast.walk(tree) if isinstance(sub, ast.Subscript)
                  for node in ast.walk(sub.slice)}  # x[..., 0] is code, not a gap

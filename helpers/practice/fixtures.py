@@ -38,19 +38,22 @@ def fixed_batches(batch_size, count):
 
 
 @contextlib.contextmanager
-def fresh_accelerate_state():
-    """A clean Accelerate state (one a process, its mixed precision fixed once set), the
-    learner's put back after: no public call saves it, so here the checks touch it."""
+def fresh_accelerate_state(states=None):
+    """Accelerate's state made ``states`` (a clean one by default), the learner's
+    yielded and put back after. Its classes are Borgs (an instance's ``__dict__`` is its
+    class's ``_shared_state``): swapping the dicts leaves the learner's Accelerators
+    whole."""
     from accelerate.state import AcceleratorState, PartialState
 
-    saved = dict(PartialState._shared_state), dict(AcceleratorState._shared_state)
-    AcceleratorState._reset_state(reset_partial_state=True)
+    classes = (PartialState, AcceleratorState)
+    learners = [vars(cls)["_shared_state"] for cls in classes]
+    for cls, state in zip(classes, states or ({}, {})):
+        cls._shared_state = state
     try:
-        yield
+        yield learners
     finally:
-        AcceleratorState._reset_state(reset_partial_state=True)
-        PartialState._shared_state.update(saved[0])
-        AcceleratorState._shared_state.update(saved[1])
+        for cls, state in zip(classes, learners):
+            cls._shared_state = state
 
 
 def args_with(**settings):
