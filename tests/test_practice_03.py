@@ -11,6 +11,7 @@ from accelerate.local_sgd import LocalSGD
 from practice_support import assert_judged, assert_verdict, draws_after_seeding
 
 from helpers.practice import check_local_sgd as l3
+from helpers.practice import core
 from helpers.practice.core import CORRECT, NOT_DONE, WRONG, check
 
 
@@ -157,4 +158,7 @@ def test_3_3_a_collective_one_process_skips_gets_its_hint_in_seconds():
     verdict = check(l3.FIX, step_on_process_0_only)
     assert_verdict(verdict, WRONG, "never joined", "is_main_process")
     assert "run it on its own" not in verdict.message
-    assert time.perf_counter() - start < 15  # its launch, then a 6 s wait
+    # the practice's own timeout, not gloo's 60 s: the rule (issue 44) is a setting;
+    # the wall time is only bounded below gloo's, so a loaded machine cannot fail it
+    assert core.COLLECTIVE_TIMEOUT_S <= 15
+    assert time.perf_counter() - start < 50
