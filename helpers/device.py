@@ -17,8 +17,8 @@ CHECKED_PACKAGES = ("torch", "transformers", "accelerate", "datasets", "bitsandb
 
 
 def get_device():
-    """The device of lessons 01, 02 and 04: the first CUDA GPU when there is one, else
-    the CPU.
+    """The device of lessons 01, 02, 04 and 05: the first CUDA GPU when there is one,
+    else the CPU.
 
     Lesson 03's worker processes choose their own, in
     ``helpers.launcher.worker_accelerator``.
