@@ -26,6 +26,20 @@ def get_device():
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
+def device_name(device=None):
+    """The name of the machine a measurement ran on, without host or user names: the
+    GPU's name (``torch.cuda.get_device_name``), else the CPU's as PyTorch reports it
+    (``torch.cpu.get_capabilities()["cpu_name"]``, e.g. "Intel Xeon"), else the
+    architecture (introduced in lesson 05, whose figures name the machine of each bar).
+    """
+    device = torch.device(device) if device is not None else get_device()
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type != "cpu":
+        raise ValueError(f"device_name names a 'cpu' or 'cuda' device, got {device}")
+    return torch.cpu.get_capabilities().get("cpu_name") or platform.machine()
+
+
 def environment_report():
     """Versions and hardware that the lessons' measurements depend on, as a dict."""
     import accelerate

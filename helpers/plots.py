@@ -823,35 +823,40 @@ def autocast_layer_figure(dtypes, title=None):
     return fig
 
 
-def speed_reference_figure(machines):
+def speed_reference_figure(machines, published=None):
     """Lesson 05: bfloat16 time over float32 time, per measurement, on this machine and
     recorded ones.
 
     ``machines`` maps a machine's label ("this machine", "Intel Xeon, AVX512-BF16,
     2026-12-06") to ``{measurement: ratio}``; a ratio below 1 means bfloat16 was faster.
-    The first machine is drawn in the highlight colour.
+    The first machine is drawn in the highlight colour. ``published`` (optional) maps a
+    label to ratios taken from a published source, not measured: drawn hatched, after
+    the machines.
     """
     _require_some(machines, "machines",
                   "machine label mapped to {measurement: ratio}")
-    for label, ratios in machines.items():
+    published = published or {}
+    for label, ratios in {**machines, **published}.items():
         _require_some(ratios, f"machines[{label!r}]", "measurement mapped to a ratio")
         bad = {k: v for k, v in ratios.items() if not _finite_number(v) or v <= 0}
         if bad:
             raise ValueError(f"machines[{label!r}]: each ratio must be a finite "
                              f"number > 0 (bfloat16 seconds over float32 seconds), "
                              f"got {bad!r}")
-    measurements = list(dict.fromkeys(m for ratios in machines.values()
-                                      for m in ratios))
-    fig = Figure(figsize=(9, 1.4 + 0.45 * len(machines) * len(measurements)))
+    rows = [(label, ratios, False) for label, ratios in machines.items()]
+    rows += [(label, ratios, True) for label, ratios in published.items()]
+    measurements = list(dict.fromkeys(m for _, ratios, _ in rows for m in ratios))
+    fig = Figure(figsize=(9, 1.4 + 0.45 * len(rows) * len(measurements)))
     ax = fig.add_subplot()
-    height = 0.8 / len(machines)
-    for i, (label, ratios) in enumerate(machines.items()):
+    height = 0.8 / len(rows)
+    for i, (label, ratios, is_published) in enumerate(rows):
         for j, measurement in enumerate(measurements):
             if measurement not in ratios:
                 continue
             y = j + i * height
             ax.barh(y, ratios[measurement], height=height * 0.9, left=0,
-                    color=HIGHLIGHT if i == 0 else MUTED, edgecolor="black")
+                    color="white" if is_published else HIGHLIGHT if i == 0 else MUTED,
+                    hatch="//" if is_published else None, edgecolor="black")
             ax.text(ratios[measurement] * 1.08, y,
                     f"{ratios[measurement]:.2f}x  {label}", va="center", fontsize=8)
     ax.axvline(1.0, color="black", lw=1)
@@ -859,8 +864,8 @@ def speed_reference_figure(machines):
     ax.set_yticks([j + 0.4 - height / 2 for j in range(len(measurements))],
                   measurements)
     ax.invert_yaxis()
-    low = min(min(r.values()) for r in machines.values())
-    high = max(max(r.values()) for r in machines.values())
+    low = min(min(r.values()) for _, r, _ in rows)
+    high = max(max(r.values()) for _, r, _ in rows)
     ax.set_xlim(min(low, 1.0) / 2, max(high, 1.0) * 8)
     ax.set_xlabel("bfloat16 time / float32 time (log scale): "
                   "left of the line, bfloat16 is faster")

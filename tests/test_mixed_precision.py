@@ -379,3 +379,17 @@ def test_the_bfloat16_kernel_is_named_from_what_pytorch_reports(monkeypatch):
                         lambda device_type="cpu": False)
     assert mixed_precision.bfloat16_matmul_kernel("cpu") == "the generic loop"
     assert mixed_precision.bfloat16_matmul_kernel("cuda") == "emulated on this GPU"
+
+
+def test_device_name_names_the_cpu_as_torch_reports_it_without_host_or_user():
+    import getpass
+    import platform
+    import socket
+
+    from helpers.device import device_name
+
+    name = device_name("cpu")
+    assert name == (torch.cpu.get_capabilities().get("cpu_name") or platform.machine())
+    assert socket.gethostname() not in name and getpass.getuser() not in name
+    with pytest.raises(ValueError, match="names a 'cpu' or 'cuda' device"):
+        device_name("meta")

@@ -217,6 +217,16 @@ def test_a_figure_with_its_panels_and_words(name):
     fig.savefig(io.BytesIO(), format="png")
 
 
+def test_a_published_ratio_is_drawn_hatched_after_the_measured_machines():
+    fig = plots.speed_reference_figure(SPEEDS, published={
+        "A100, datasheet (published)": {"large matrix multiply": 0.0625}})
+    ax = fig.axes[0]
+    hatched = [bar for bar in ax.patches if bar.get_hatch()]
+    assert len(hatched) == 1 and hatched[0].get_width() == 0.0625
+    assert any("0.06x  A100, datasheet (published)" in t for t in figure_words(fig))
+    assert len(ax.patches) == sum(len(r) for r in SPEEDS.values()) + 1
+
+
 def test_the_weight_gap_figure_marks_every_synchronization():
     ax = plots.weight_gap_figure(GAPS, local_sgd_steps=8).axes[0]
     # lines[0] is the gap curve
@@ -257,6 +267,9 @@ BAD = [
     ("speed_reference_figure", dict(machines={}), "machines is empty"),
     ("speed_reference_figure", dict(machines={"mine": {"step": 0}}),
      r"machines\['mine'\]: each ratio must be"),
+    ("speed_reference_figure", dict(machines={"mine": {"step": 1.0}},
+                                    published={"sheet": {"step": -1}}),
+     r"machines\['sheet'\]: each ratio must be"),
     ("three_levers_figure", dict(highlight="speed"),
      "highlight must be one of memory, communication, computation or None"),
     ("course_map_figure", dict(lessons=[]), "lessons is empty"),

@@ -1,9 +1,10 @@
 """`make reference`: record this machine's figures for lesson 05 in data/reference/,
 beside the recorded ones.
 
-Runs notebooks/05_mixed_precision.ipynb once, top to bottom, on the device the lesson
-picks (the first CUDA GPU, else the CPU), in a copy (the stored outputs stay as they
-are), reads the values its summary printed, and writes them with a description of the
+Runs notebooks/05_mixed_precision.ipynb and its lab, 05_mixed_precision_lab.ipynb, once
+each, top to bottom, on the device the lesson picks (the first CUDA GPU, else the CPU),
+in copies (the stored outputs stay as they are), reads the values their summaries
+printed, and writes them with a description of the
 machine to ``data/reference/<machine>.json``: device type and name, what it offers
 bfloat16 (``helpers.mixed_precision.bfloat16_matmul_kernel``), PyTorch's CPU kernels or
 the GPU's compute capability, the torch and Python versions, the date, and each figure
@@ -27,6 +28,7 @@ from bench import measured_lines  # noqa: E402
 from helpers.paths import REPO_ROOT  # noqa: E402
 
 LESSON = REPO_ROOT / "notebooks" / "05_mixed_precision.ipynb"
+LAB = REPO_ROOT / "notebooks" / "05_mixed_precision_lab.ipynb"
 NUMBER = re.compile(r"^-?\d+(\.\d+)?(e-?\d+)?")
 
 
@@ -34,17 +36,18 @@ def machine():
     """The device the lesson runs on, described without host or user names."""
     import torch
 
+    from helpers.device import device_name
     from helpers.mixed_precision import bfloat16_matmul_kernel
 
     if torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability(0)
-        device_type, name, capability = ("cuda", torch.cuda.get_device_name(0),
+        device_type, name, capability = ("cuda", device_name("cuda"),
                                          f"compute capability {major}.{minor}")
     else:
         flags = torch.cpu.get_capabilities()
         bfloat16 = [f for f in ("avx512_bf16", "amx_bf16", "avx_ne_convert", "bf16",
                                 "sve_bf16") if flags.get(f)]
-        device_type, name = "cpu", flags.get("cpu_name") or platform.machine()
+        device_type, name = "cpu", device_name("cpu")
         capability = ("PyTorch's CPU kernels "
                       f"{torch.backends.cpu.get_cpu_capability()}; "
                       "bfloat16 instructions: "
@@ -79,15 +82,18 @@ def main(out_dir):
     import nbformat
     from nbclient import NotebookClient
 
-    notebook = nbformat.read(LESSON, as_version=4)
-    print(f"running {LESSON.relative_to(REPO_ROOT)} (about a minute on 2 CPU cores)",
-          flush=True)
-    NotebookClient(notebook, timeout=600,
-                   resources={"metadata": {"path": str(LESSON.parent)}}).execute()
-    lines = measured_lines(notebook)
-    if not lines:
-        raise SystemExit("record_reference: the lesson printed no summary "
-                         "('Measured in this lesson')")
+    lines = {}
+    for path in (LESSON, LAB):
+        notebook = nbformat.read(path, as_version=4)
+        print(f"running {path.relative_to(REPO_ROOT)} (about a minute on 2 CPU cores)",
+              flush=True)
+        NotebookClient(notebook, timeout=600,
+                       resources={"metadata": {"path": str(path.parent)}}).execute()
+        printed = measured_lines(notebook)
+        if not printed:
+            raise SystemExit(f"record_reference: {path.name} printed no summary "
+                             "('Measured in this lesson')")
+        lines.update(printed)
     record = machine()
     record["figures"], record["verdicts"] = figures(lines)
     out_dir.mkdir(parents=True, exist_ok=True)
