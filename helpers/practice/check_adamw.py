@@ -1,5 +1,4 @@
-"""Practice 4's checks (lesson 04, AdamW), on the practice core: the intended answers
-weigh one real optimizer step's state as the lesson does, to the byte."""
+"""Practice 4's checks (lesson 04, AdamW): answers weighed against one real step."""
 import logging
 import math
 
@@ -8,6 +7,9 @@ import torch
 from helpers.optimizer_state import memory_key, optimizer_state_size
 from helpers.practice import core
 from helpers.units import GiB
+
+HYPER = dict(lr=0.05, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)  # decay visible
+STEPS, SCALES = 10, (1.0, 1e-5)  # gradients of about 1, and tiny ones: eps counts
 
 
 def one_step(make_optimizer, shapes, dtype=torch.float32):
@@ -49,10 +51,12 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 SHAPE_LISTS = [("an attention projection and its bias", [(768, 768), (768,)]),
                ("a 3-dimensional and a 0-dimensional tensor", [(4, 6, 8), (), (5,)]),
                ("one matrix", [(300, 64)])]
+STATE_SHAPE_LISTS = [  # each tests a rule, at its edges: 4,096 values, blocks of 256
+    [(256, 256), (256,), (256, 256), (256,)], [(5000,)], [(64, 64)], [(63, 65)],
+    [(1, 5000)], [(300, 20), (20,), (7, 9)]]
 
 ADAMW_STATE = prediction(
-    "4.1", "adamw_state_bytes",
-    lambda shapes, dtype: one_step(torch.optim.AdamW, shapes, dtype),
+    "4.1", "adamw_state_bytes", lambda *args: one_step(torch.optim.AdamW, *args),
     [(f"{label} {shapes} in {str(dtype)[6:]}", (shapes, dtype))
      for label, shapes in SHAPE_LISTS for dtype in DTYPES],
     [("AdamW also keeps a `step` counter per parameter tensor: a 0-dimensional "
@@ -135,8 +139,7 @@ def budget_correct(per_parameter, config):
 
 
 TRAINING_BUDGET = core.Exercise(
-    "4.2", measure_budget, mixed_precision_budget, name="training_bytes",
-    mistakes=[
+    "4.2", measure_budget, mixed_precision_budget, name="training_bytes", mistakes=[
         (f"those are bytes per parameter: multiply by the {N_7B:,} parameters.",
          budget(n=1)),
         ("AdamW's state is like the float32 master weights it updates: 2 x 4 bytes.",
@@ -153,10 +156,6 @@ TRAINING_BUDGET = core.Exercise(
 @core.checker(TRAINING_BUDGET)
 def check_training_memory(training_bytes):
     """``training_bytes``: {part: bytes, FITS: True or False}, Llama-2-7B's."""
-
-
-HYPER = dict(lr=0.05, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)  # decay visible
-STEPS, SCALES = 10, (1.0, 1e-5)  # gradients of about 1, and tiny ones: eps counts
 
 
 def measure_step(step, scale):
@@ -210,11 +209,6 @@ FIXED_STEP = core.Exercise(
 @core.checker(FIXED_STEP)
 def check_fixed_step(fixed_step):
     """``fixed_step(param, grad, state, lr, betas, eps, weight_decay)``."""
-
-
-STATE_SHAPE_LISTS = [  # each tests a rule, at its edges: 4,096 values, blocks of 256
-    [(256, 256), (256,), (256, 256), (256,)], [(5000,)], [(64, 64)], [(63, 65)],
-    [(1, 5000)], [(300, 20), (20,), (7, 9)]]
 
 
 def adafactor_after_step(shapes, momentum):

@@ -12,6 +12,9 @@ from helpers.practice.fixtures import fixed_batches, tiny_model
 from helpers.units import KiB
 
 all_close = core.close(rel=1e-5, abs_=1e-6)  # equal gradients, float32 rounding aside
+OLD = "gradient_checkpointing_enable"  # the deprecated name of the switch
+SAVE, RECOMPUTE = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE
+ADDMM = torch.ops.aten.addmm.default
 
 
 @functools.cache
@@ -46,15 +49,14 @@ def prediction_numbers(prediction, config):
 MUL_SAVES = ("checkpoint drops only what is saved inside its region; mul, outside it, "
              "saves both its inputs (dC/dA = B, dC/dB = A).")
 REGION = core.Exercise(
-    "1.1", measure=prediction_numbers, intended=region_measurements, name="prediction",
-    mistakes=[
+    "1.1", measure=prediction_numbers, intended=region_measurements, mistakes=[
         (f"kept_KiB = 0: more stays: {MUL_SAVES}", predicted(kept_KiB=0)),
         (f"kept_KiB = 128: more stays: {MUL_SAVES}", predicted(kept_KiB=128)),
         ("A_runs = 2 would be right without early stop; with it, recomputation stops "
          "once what the region saved is saved again: sin saves its input x.",
          predicted(A_runs=2))],
     describe="kept_KiB counts what forward made and some backward reads; A_runs and "
-    "B_runs count forward once, then what backward runs again.",
+    "B_runs count forward once, then what backward runs again.", name="prediction",
     correct="measured: {kept_KiB:.0f} KiB kept (A and B), sin {A_runs}x, addmm "
     "{B_runs}x, as without checkpointing: mul keeps A outside the region, and early "
     "stop ends the recomputation before sin. A region pays off only when what it drops "
@@ -64,9 +66,6 @@ REGION = core.Exercise(
 @core.checker(REGION)
 def check_region_before_b_prediction(prediction):
     """``prediction``: {"kept_KiB": n, "A_runs": n, "B_runs": n} for 1.1's graph."""
-
-
-OLD = "gradient_checkpointing_enable"  # the deprecated name of the switch
 
 
 def gradients(model, batch):  # torch.autograd.grad's, any dropout drawn from seed 0
@@ -105,8 +104,7 @@ def switch_with(name="activation_checkpointing_enable", **kwargs):  # a learner'
 BOTH = {"use_reentrant": False, "preserve_rng_state": False}
 SWITCH = core.Exercise(
     "1.2", measure=switch_run, configs=(4, 2), name="switch_on_checkpointing",
-    intended=switch_with(activation_checkpointing_kwargs=BOTH),
-    mistakes=[
+    intended=switch_with(activation_checkpointing_kwargs=BOTH), mistakes=[
         (f"{OLD} is the deprecated name. Hint: activation_checkpointing_enable("
          "activation_checkpointing_kwargs=...).",
          switch_with(OLD, gradient_checkpointing_kwargs=BOTH)),
@@ -164,10 +162,6 @@ def policy_run(policy, rows):
             "matmuls again": core.learner(count_ops, loss)[1].get("addmm", 0)}
 
 
-SAVE, RECOMPUTE = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE
-ADDMM = torch.ops.aten.addmm.default
-
-
 def keep_gate_and_up(ctx, op, *args, **kwargs):
     """The intended answer of 1.3: save the matmuls 256 wide, recompute the rest."""
     return SAVE if op == ADDMM and ctx.op_output.shape[-1] == 256 else RECOMPUTE
@@ -175,8 +169,7 @@ def keep_gate_and_up(ctx, op, *args, **kwargs):
 
 POLICY = core.Exercise(
     "1.3", measure=policy_run, intended=keep_gate_and_up, configs=(128, 32),
-    name="keep_what_backward_reads", same=core.close(rel=1e-3),
-    mistakes=[
+    name="keep_what_backward_reads", same=core.close(rel=1e-3), mistakes=[
         ("down_proj's output stayed too, and no backward reads it. Hint: ctx.op_output"
          "'s shape tells gate and up from down_proj.",
          lambda ctx, op, *args, **kwargs: SAVE if op == ADDMM else RECOMPUTE),
@@ -259,9 +252,8 @@ def late_binding(blocks, h, segments):  # the lambda reads start and end in back
 
 
 SEGMENTS = core.Exercise(
-    "1.4", measure=stack_run, intended=every_segment_checkpointed,
-    configs=((8, 4), (7, 3), (6, 4)), name="checkpointed_forward", same=same_stack,
-    mistakes=[
+    "1.4", measure=stack_run, intended=every_segment_checkpointed, same=same_stack,
+    configs=((8, 4), (7, 3), (6, 4)), name="checkpointed_forward", mistakes=[
         ("checkpoint_sequential leaves its last segment without a checkpoint, so its "
          "blocks kept their insides. Hint: wrap every segment yourself.",
          lambda blocks, h, segments: checkpoint_sequential(blocks, segments, h,

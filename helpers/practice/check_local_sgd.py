@@ -22,6 +22,9 @@ INPUT_SCALE = 6.0  # every gradient's norm then exceeds 1: clipping at 1.0 chang
 GRADIENT_TOLERANCE, WEIGHTS_TOLERANCE, MEAN_TOLERANCE = 1e-5, LEARNING_RATE / 100, 1e-6
 FIX_SETUPS = ((16, 2), (8, 4))  # 3.3: (micro-batches, accumulation); the loop's k is 8
 _kept = {}  # (measure, listed answer or case) -> its result, for the kernel
+SAME_COLLECTIVES = ("every process must issue the same collectives in the same order: "
+                    "none under `if accelerator.is_main_process:`.")
+NEVER_JOINED_HINT = (("a process never joined", SAME_COLLECTIVES),)  # 3.3's and 3.4's
 
 
 class SmallClassifier(torch.nn.Sequential):
@@ -124,11 +127,6 @@ def launch(jobs, processes=2):
         raise core.Wrong(f"{core.NEVER_JOINED}. Hint: {SAME_COLLECTIVES}") from None
 
 
-SAME_COLLECTIVES = ("every process must issue the same collectives in the same order: "
-                    "none under `if accelerator.is_main_process:`.")
-NEVER_JOINED_HINT = (("a process never joined", SAME_COLLECTIVES),)  # 3.3's and 3.4's
-
-
 def launched(measure, answer, processes=2):
     """``measure(accelerator, answer)`` on process 0, launched with the LISTED left."""
     job = (measure, answer)  # last: an answer that upsets the processes spoils no other
@@ -161,8 +159,7 @@ PREDICT = core.Exercise(
     label="steps={}, local_sgd_steps={}, parameter_bytes={}", describe=COUNT,
     correct=("your predictions match the bytes lesson 3's loop all-reduced on 2 "
              "processes, on both classifiers: one averaging after every k-th step "
-             "and one more as the block ends, each of all the parameters."),
-    mistakes=[
+             "and one more as the block ends, each of all the parameters."), mistakes=[
         ("you count one averaging every k steps, but leaving the `with LocalSGD(...)` "
          "block averages once more. Hint: add it.", lambda s, k, p: s // k * p),
         ("you round steps / k up. Hint: one averaging after every k-th step (//), "
@@ -185,8 +182,7 @@ PREDICT_BOTH = core.Exercise(
     "parameter_bytes={}", describe=COUNT,
     correct=("your predictions match DDP's and Local SGD's bytes, measured on 2 "
              "processes on both classifiers: k counts micro-batches, so a k below "
-             "the accumulation averages more often than DDP all-reduces."),
-    mistakes=[
+             "the accumulation averages more often than DDP all-reduces."), mistakes=[
         ("under accelerator.accumulate, DDP all-reduces the gradients only in the "
          "micro-batch that completes an optimizer step. Hint: once per step.",
          lambda m, a, k, p: (m * p, (m // k + 1) * p)),
@@ -229,8 +225,7 @@ FIX = core.Exercise(
              "parameters every 4 optimizer steps and as the block ended, with the "
              "workers' weights identical after each averaging; each step applied "
              "the intended loop's gradients, and the final weights match (also with "
-             "accumulation 4 on 8 micro-batches)."),
-    mistakes=[
+             "accumulation 4 on 8 micro-batches)."), mistakes=[
         ("the for loop runs after the `with LocalSGD(...)` block: entering it switches "
          "DDP's gradient all-reduce off, leaving it averages. Hint: indent the loop.",
          from_source(FIXED_LOOP, ("        for batch", "    for batch"), *STEP_FIRST)),
@@ -318,8 +313,7 @@ AVERAGING = core.Exercise(
     correct=(f"measured on 3 processes: your function leaves every parameter at its "
              f"mean over the processes with one all-reduce of {P:,} bytes ({P_WIDER:,} "
              "on the wider classifier), where LocalSGD issues one per tensor (6) and a "
-             "barrier."),
-    mistakes=[
+             "barrier."), mistakes=[
         ("the parameters hold the sum over the processes, not the mean: "
          "accelerator.reduce sums unless told. Hint: reduction=\"mean\".",
          from_source(AVERAGE, (REDUCE, "accelerator.reduce(flat)"))),

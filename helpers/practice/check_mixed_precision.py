@@ -1,5 +1,4 @@
-"""Practice 5's checks (lesson 05): the dtypes autocast ran, bfloat16 in Trainer and
-Accelerator, the bytes a real step held, a float16 loop's GradScaler."""
+"""Practice 5's checks (lesson 05): autocast, bf16 setups, bytes held, GradScaler."""
 import contextlib
 import functools
 
@@ -11,6 +10,11 @@ from helpers.models import flat_parameters
 from helpers.optimizer_state import optimizer_state_size
 from helpers.practice import core, fixtures
 from helpers.practice.fixtures import ON_CPU, args_with
+
+SCALE_EXPONENT = 20  # a high start on purpose: the first steps overflow, are skipped
+INTENDED_STEPS = ("scaler.scale(loss).backward()\nscaler.unscale_(optimizer)\n"
+                  "torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)\n"
+                  "scaler.step(optimizer)\nscaler.update()\noptimizer.zero_grad()\n")
 
 
 class SmallNet(torch.nn.Module):
@@ -77,9 +81,8 @@ def bf16_setups_run(answer, config):
     with fixtures.fresh_accelerate_state() as learners, torch.no_grad():
         accelerator = core.returned(core.learner(make_accelerator), Accelerator,
                                     "make_accelerator")
-        made_before = vars(accelerator.state) is learners[1]  # it runs in its state
-        with (fixtures.fresh_accelerate_state(learners) if made_before
-              else contextlib.nullcontext()):
+        with (fixtures.fresh_accelerate_state(learners)  # made before: use its state
+              if vars(accelerator.state) is learners[1] else contextlib.nullcontext()):
             outputs = core.learner(accelerator.prepare, fixtures.tiny_model())(
                 **fixtures.fixed_batches(8, 1)[0])
     with DtypeCounter() as counter:
@@ -93,14 +96,13 @@ BF16_ARGS = args_with(bf16=True, use_cpu=ON_CPU)
 BF16_ACCELERATOR = functools.partial(Accelerator, mixed_precision="bf16")
 BF16_SETUPS = core.Exercise(
     "5.2", measure=bf16_setups_run, intended=(BF16_ARGS, BF16_ACCELERATOR),
-    name="make_training_args and make_accelerator",
-    same=core.close(rel=1e-5),  # the same computation; a float32 one differs by ~1e-3
-    mistakes=[
+    name="make_training_args and make_accelerator", mistakes=[
         ("Trainer trained in float32 (on a CPU, so does fp16=True). Hint: "
          "TrainingArguments(..., bf16=True).",  # the usual fp16=True: float32 on a CPU
          (args_with(fp16=ON_CPU, use_cpu=ON_CPU), BF16_ACCELERATOR)),
         ("the Accelerator's model ran in float32 (on a CPU, so does \"fp16\"). Hint: "
          'Accelerator(mixed_precision="bf16").', (BF16_ARGS, Accelerator))],
+    same=core.close(rel=1e-5),  # the same computation; a float32 one differs by ~1e-3
     describe='bf16=True and Accelerator(mixed_precision="bf16"), nothing else that '
     "changes the computation.",
     correct="Trainer ran its matrix multiplies in bfloat16, with bf16=True's loss; the "
@@ -178,12 +180,6 @@ def check_bytes_per_parameter(pure_bf16_adamw_bytes, accelerate_bf16_sgd_bytes):
     """Bytes per parameter held between steps by two recipes."""
 
 
-SCALE_EXPONENT = 20  # a high start on purpose: the first steps overflow, are skipped
-INTENDED_STEPS = ("scaler.scale(loss).backward()\nscaler.unscale_(optimizer)\n"
-                  "torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)\n"
-                  "scaler.step(optimizer)\nscaler.update()\noptimizer.zero_grad()\n")
-
-
 def float16_loop(old="", new="", steps=INTENDED_STEPS):
     """A learner's ``train_float16``: ``old`` in ``steps`` made ``new``, or cut out."""
     namespace = {"torch": torch}
@@ -213,13 +209,7 @@ def float16_run(loop, max_grad_norm):
 
 FLOAT16_LOOP = core.Exercise(
     "5.4", measure=float16_run, intended=float16_loop(), configs=(1.0, 0.25),
-    name="train_float16", label="max_grad_norm={}",
-    # right answers' weights differ by under 2e-5 (float16 amplifies clip_grad_norm_'s
-    # 1e-6), a mistake's by 0.05 or more (tests/test_practice_05.py)
-    same=core.close(rel=0, abs_=1e-3),
-    describe="per batch: scale(loss).backward(), unscale_, clip_grad_norm_, scaler."
-    "step (it skips steps on overflowed gradients), scaler.update(), zero_grad().",
-    mistakes=[
+    name="train_float16", label="max_grad_norm={}", mistakes=[
         ("you clipped the scaled gradients, far below max_grad_norm. Hint: scaler."
          "unscale_(optimizer) before clip_grad_norm_.", float16_loop("unscale_")),
         ("the gradients were never clipped. Hint: after unscale_, torch.nn.utils."
@@ -238,6 +228,11 @@ FLOAT16_LOOP = core.Exercise(
          "after scaler.update().", float16_loop(steps=INTENDED_STEPS.replace(
              "optimizer.zero_grad()\n", "").replace("scaler.step", "optimizer."
                                                       "zero_grad()\nscaler.step")))],
+    # right answers' weights differ by under 2e-5 (float16 amplifies clip_grad_norm_'s
+    # 1e-6), a mistake's by 0.05 or more (tests/test_practice_05.py)
+    same=core.close(rel=0, abs_=1e-3),
+    describe="per batch: scale(loss).backward(), unscale_, clip_grad_norm_, scaler."
+    "step (it skips steps on overflowed gradients), scaler.update(), zero_grad().",
     error_hints=[  # what GradScaler raises, and the fix
         ("_scale is None", "scaler.scale(loss).backward(), not loss.backward()."),
         ("is being called after step()", "per batch, in this order: unscale_, clip, "

@@ -3,6 +3,7 @@ import contextlib
 import io
 import os
 import tempfile
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -17,6 +18,9 @@ from helpers.units import MiB
 
 STAGES = {"DDP": (), "ZeRO-1": ("state",), "ZeRO-2": ("gradients", "state"),
           "ZeRO-3": ("weights", "gradients", "state")}  # stage -> what it divides by n
+# bytes a step sends / DDP's, as lesson 6 measured PyTorch's runs (*_comm_bytes_ratio):
+# ZeroRedundancyOptimizer, fully_shard without resharding, and with it
+SENT = {"DDP": 1.0, "ZeRO-1": 1.5, "ZeRO-2": 1.0, "ZeRO-3": 1.5}
 _held = {}  # 6.3's mistakes' outcomes, weighed in the intended answer's launch, not 3
 
 
@@ -31,8 +35,7 @@ BYTES = core.Exercise(  # its outcome: the bytes of each stage
         answer, stage, *config), f"bytes_per_process for {stage}") for stage in STAGES},
     intended=formula_bytes, name="bytes_per_process",
     configs=((65_783_042, 2), (7_000_000_000, 8), (1_200, 3)),
-    label="{:,} parameters on {} processes", same=core.close(rel=1e-4),
-    mistakes=(
+    label="{:,} parameters on {} processes", same=core.close(rel=1e-4), mistakes=(
         ("ZeRO-2 splits the gradients and the optimizer state; every process still "
          "keeps all the weights. Splitting the weights too is ZeRO-3.",
          lambda *args: formula_bytes(*args, {**STAGES, "ZeRO-2": STAGES["ZeRO-3"]})),
@@ -46,11 +49,6 @@ BYTES = core.Exercise(  # its outcome: the bytes of each stage
 @core.checker(BYTES)
 def check_bytes_per_process(bytes_per_process):
     """``bytes_per_process(stage, parameters, n)``: one of ``n`` processes' bytes."""
-
-
-# bytes a step sends / DDP's, as lesson 6 measured PyTorch's runs (*_comm_bytes_ratio):
-# ZeroRedundancyOptimizer, fully_shard without resharding, and with it
-SENT = {"DDP": 1.0, "ZeRO-1": 1.5, "ZeRO-2": 1.0, "ZeRO-3": 1.5}
 
 
 def cheapest(parameters, n, gpu_bytes, activation_bytes, sent=SENT):
@@ -103,11 +101,9 @@ def saving_worker(accelerator, saves, folder):
         return torch_save(obj, f, *args, **kwargs)
 
     for index, save in enumerate(saves):
-        target[:], wrote[:], torch.save = [f"{folder}/{index}.pt"], [], counted
-        try:
+        target[:], wrote[:] = [f"{folder}/{index}.pt"], []
+        with mock.patch.object(torch, "save", counted):
             save(fully_shard(build_model("tiny", seed=0), mesh=mesh), target[0])
-        finally:
-            torch.save = torch_save
         writers = [None] * dist.get_world_size()
         dist.all_gather_object(writers, any(wrote))
         held.append(sum(writers))
@@ -115,12 +111,10 @@ def saving_worker(accelerator, saves, folder):
 
 
 def loaded_fresh(path, full):
-    """A fresh process's torch.load (defaults; no safe globals added), then the tiny
-    DistilBERT's load_state_dict: its error, or the tensors equal to ``full``'s."""
+    """Load as a fresh process (torch.load's defaults): its error, or tensors equal."""
     if not os.path.isfile(path):
-        return "no file" if not os.path.exists(path) else (
-            "a folder, not one file (torch.distributed.checkpoint writes a file per "
-            "process)")
+        return ("a folder, not one file (torch.distributed.checkpoint writes a file "
+                "per process)") if os.path.exists(path) else "no file"
     added = get_safe_globals()
     clear_safe_globals()
     try:
@@ -172,12 +166,10 @@ def saving(method, writer=0):  # every process calls a method of each entry; 0 w
 
 WROTE, LOADS = "processes that wrote it", "loaded in a fresh process"
 CHECKPOINT = core.Exercise(
-    "6.3", _saved, intended=saving("full_tensor"), name="fixed_save",
-    mistakes=(
-        ("the file holds DTensors, each process's slice, which a single process "
-         "cannot load: gather each whole first (`.full_tensor()`, or "
-         "`get_model_state_dict` with `full_state_dict=True`), in every process.",
-         colleague_save),
+    "6.3", _saved, intended=saving("full_tensor"), name="fixed_save", mistakes=(
+        ("the file holds DTensors, each process's slice, which a single process cannot "
+         "load: gather each whole first (`.full_tensor()`, or `get_model_state_dict` "
+         "with `full_state_dict=True`), in every process.", colleague_save),
         ("`.to_local()` gives this process's slice, half of each tensor, so the "
          "unsharded model refuses the file: `.full_tensor()` all-gathers the whole "
          "one.", saving("to_local")),
@@ -186,10 +178,9 @@ CHECKPOINT = core.Exercise(
          saving("full_tensor", writer=None))),
     error_hints=(("never joined", "only process 0 gathered: an all-gather waits for "
                   "every process, so gather in every process and write in one."),),
-    describe=lambda got, expected, config: (
-        f"processes that wrote the file: {got[WROTE]}; {LOADS}: {got[LOADS]}. Hint: "
-        "one file, written by one process, that torch.load's defaults read in a fresh "
-        "process into the unsharded model."),
+    describe=lambda got, expected, config: "processes that wrote the file: "
+    f"{got[WROTE]}; {LOADS}: {got[LOADS]}. Hint: one file, written by one process, "
+    "that torch.load's defaults read in a fresh process into the unsharded model.",
     correct=lambda got, config: (
         f"one process wrote the file; in a fresh process, torch.load with its "
         f"defaults read it and the unsharded model took it: {got[LOADS]}."))

@@ -1,5 +1,4 @@
-"""Practice 2's checks (lesson 02), on the practice core: each runs the answer for real
-on the tiny DistilBERT (a Trainer step, an Accelerate loop) and measures what it did."""
+"""Practice 2's checks (lesson 02): each runs the answer for real and measures it."""
 import ast
 import functools
 
@@ -19,8 +18,7 @@ SGD = dict(learning_rate=0.5, optim="sgd", lr_scheduler_type="constant",
 
 
 def measure_arguments(make_training_args, config):
-    """Each forward pass's examples and each layer's runs in a Trainer step with the
-    settings; the eval strategy; whether the deprecated name was used."""
+    """Examples per forward, layer runs, eval strategy, old name: in a Trainer step."""
     with core.explaining_warnings("`gradient_checkpointing` is deprecated") as old:
         args = fixtures.learners_arguments(make_training_args)
         micro_batch = args.per_device_train_batch_size
@@ -34,8 +32,7 @@ def measure_arguments(make_training_args, config):
             with_kwargs=True)
         layers = model.distilbert.transformer.layer  # each a GradientCheckpointingLayer
         for layer in layers:  # its first module runs inside the checkpoint: recomputed
-            next(layer.children()).register_forward_pre_hook(
-                lambda module, inputs: runs.append(module))
+            next(layer.children()).register_forward_pre_hook(lambda *_: runs.append(1))
         core.learner(fixtures.trainer_run, micro_batch * accumulation, micro_batch,
                      accumulation, make_args=make_training_args, model=model)
     return {"eval_strategy": getattr(args.eval_strategy, "value", args.eval_strategy),
@@ -51,8 +48,7 @@ def arguments(**changed):
 
 
 TRAINING_ARGUMENTS = core.Exercise(
-    "2.1", measure_arguments, arguments(), name="make_training_args",
-    mistakes=[
+    "2.1", measure_arguments, arguments(), name="make_training_args", mistakes=[
         ("each forward pass took 16 examples at once (the lesson's settings), but the "
          "GPU fits only 8: per_device_train_batch_size=8, 8 of them accumulated.",
          arguments(per_device_train_batch_size=16, gradient_accumulation_steps=4)),
@@ -74,10 +70,6 @@ TRAINING_ARGUMENTS = core.Exercise(
 @core.checker(TRAINING_ARGUMENTS)
 def check_training_arguments(make_training_args):
     """``make_training_args(output_dir)``: exercise 2.1's TrainingArguments."""
-
-
-# the loss of each of the 10 micro-batches, as Trainer logs it with no accumulation
-micro_batch_losses = functools.cache(lambda: trainer_logs(None, 1, False))
 
 
 def trainer_logs(micro_batch_losses, accumulation, accepts_loss_kwargs):
@@ -102,14 +94,12 @@ def logged(losses, accumulation, summed):  # a learner's rule: each step's sum o
     return [sum(step) / (1 if summed else len(step)) for step in steps]
 
 
+# the loss of each of the 10 micro-batches, as Trainer logs it with no accumulation
+micro_batch_losses = functools.cache(lambda: trainer_logs(None, 1, False))
 LOGS = core.Exercise(  # accumulated 4 by 4 (steps of 4, 4, 2), then 3 by 3 (3, 3, 3, 1)
     "2.2", measure_predictions, trainer_logs, name="predict_logged_losses",
     configs=((4, True), (4, False), (3, True), (3, False)),
-    label="gradient_accumulation_steps={} and accepts_loss_kwargs={}",
-    describe="Trainer logs one loss per optimizer step: the sum of its micro-batches' "
-    "losses (accepts_loss_kwargs=True) or their mean.",
-    same=core.close(rel=1e-4),  # float32 sums in Trainer; the mistakes are far off
-    mistakes=[
+    label="gradient_accumulation_steps={} and accepts_loss_kwargs={}", mistakes=[
         ("for accepts_loss_kwargs=True Trainer divides by nothing (it trusts the model "
          "to divide): it logs the sum of each step's micro-batch losses.",
          lambda losses, accumulation, accepts: logged(losses, accumulation, False)),
@@ -124,6 +114,9 @@ LOGS = core.Exercise(  # accumulated 4 by 4 (steps of 4, 4, 2), then 3 by 3 (3, 
         ("the micro-batches left over make one more, smaller step, logged too.",
          lambda losses, accumulation, accepts: logged(
              losses, accumulation, accepts)[:len(losses) // accumulation])],
+    describe="Trainer logs one loss per optimizer step: the sum of its micro-batches' "
+    "losses (accepts_loss_kwargs=True) or their mean.",
+    same=core.close(rel=1e-4),  # float32 sums in Trainer; the mistakes are far off
     correct="you predicted the losses of 4 real Trainer runs: 10 micro-batches "
     "accumulated 4 by 4 make steps of 4, 4 and 2; as is, Trainer logs each step's "
     "sum, with the fix their mean, the last divided by 2.")
@@ -188,8 +181,7 @@ PLAIN, DIVIDED = (lambda accelerator, loss: loss.backward(),
                   lambda accelerator, loss: accelerator.backward(loss))
 LOOP = core.Exercise(
     "2.3", measure_loop, bigger_batches, configs=(2, 3), name="fixed_loop",
-    label="gradient_accumulation_steps={}",
-    mistakes=[
+    label="gradient_accumulation_steps={}", mistakes=[
         ("these are the loop as given: zero_grad() after each micro-batch erased the "
          "one before, and loss.backward() does not divide by the accumulation steps.",
          accumulate_by_hand(PLAIN)),
@@ -258,21 +250,18 @@ def summed(outputs, labels, num_items_in_batch):  # the intended answer
 
 UNEVEN = core.Exercise(  # 40 examples in micro-batches of 16, 16 and 8; then 16 and 8
     "2.4", measure_loss_function, summed, configs=((40, 3), (24, 2)),
-    name="step_mean_loss", label="{} examples accumulated {} at a time",
-    mistakes=[
+    name="step_mean_loss", label="{} examples accumulated {} at a time", mistakes=[
         ("each micro-batch's own mean: with a compute_loss_func Trainer does not "
          "divide by the accumulation steps, so the step went about 3 times too far.",
-         lambda outputs, labels, num_items_in_batch: summed(
-             outputs, labels, len(labels))),
+         lambda outputs, labels, _: summed(outputs, labels, len(labels))),
         ("the mean of the 3 micro-batch means weighs the 8 examples of the last one "
          "twice. Sum the losses and divide by num_items_in_batch.",
-         lambda outputs, labels, num_items_in_batch: summed(
-             outputs, labels, 3 * len(labels))),
+         lambda outputs, labels, _: summed(outputs, labels, 3 * len(labels))),
         ("the sum of the losses, 40 times the mean: divide it by num_items_in_batch.",
-         lambda outputs, labels, num_items_in_batch: summed(outputs, labels, 1)),
+         lambda outputs, labels, _: summed(outputs, labels, 1)),
         ("40 is the first step's count; the check's second step has 24: divide by "
          "num_items_in_batch.",
-         lambda outputs, labels, num_items_in_batch: summed(outputs, labels, 40))],
+         lambda outputs, labels, _: summed(outputs, labels, 40))],
     error_hints=[
         ("NoneType' and", "Trainer takes the labels out of the batch, so outputs.loss "
                           "is None: use outputs.logits and labels.")],

@@ -1,5 +1,4 @@
-"""The practice core (lessons 01-06): an ``Exercise`` is a measure, the intended answer
-and its typical mistakes as code with hints; ``check`` judges an answer by them."""
+"""The practice core (lessons 01-06): ``check`` judges an answer by its ``Exercise``."""
 import ast
 import contextlib
 import functools
@@ -26,14 +25,14 @@ AGAIN = "with your code, run that cell, then run this check again."  # not done 
 # practices 3 and 6: a collective one process never joins fails in seconds, not 60
 COLLECTIVE_TIMEOUT_S = 6
 NEVER_JOINED = "RuntimeError: a collective timed out, as a process never joined it"
+UNITS = {"GiB": 2**30, "GB": 10**9, "MiB": 2**20, "MB": 10**6, "KiB": 2**10,
+         "kB": 10**3}.items()  # in_units: bytes given in GiB, MB...
 
 
 def never_joined(error):
-    """A worker's error (or traceback) in one line: NEVER_JOINED where it is gloo's wait
-    or a peer's failure (a process waited for one that never came), else its last
-    ``Type: message`` line."""
+    """A worker's traceback in one line: NEVER_JOINED, or its last ``Type: message``."""
     if re.search("timed? ?out|by peer|gloo/transport|signalexception|sigabrt", error,
-                 re.IGNORECASE):
+                 re.IGNORECASE):  # gloo's wait, or a peer's failure: one never came
         return NEVER_JOINED
     lines = error.strip().splitlines() or [""]
     return next((line for line in lines[::-1] if re.match(r"\w+(Error|Exception)\b",
@@ -274,10 +273,6 @@ def in_units(got, expected, name="your answer"):
                  f"{size:,} bytes." for unit, size in UNITS if all(isinstance(
                      g, numbers.Real) and math.isclose(g * size, e, rel_tol=1e-4)
                                                           for g, e in pairs)), "")
-
-
-UNITS = {"GiB": 2**30, "GB": 10**9, "MiB": 2**20, "MB": 10**6, "KiB": 2**10,
-         "kB": 10**3}.items()
 
 
 def returned(value, kind, name):

@@ -39,12 +39,11 @@ def fixed_batches(batch_size, count):
 
 @contextlib.contextmanager
 def fresh_accelerate_state(states=None):
-    """Accelerate's state made ``states`` (a clean one by default), the learner's
-    yielded and put back after. Its classes are Borgs (an instance's ``__dict__`` is its
-    class's ``_shared_state``): swapping the dicts leaves the learner's Accelerators
-    whole."""
+    """Accelerate's state made ``states`` (or clean); yields the learner's, put back."""
     from accelerate.state import AcceleratorState, PartialState
 
+    # Borgs: an instance's __dict__ is its class's _shared_state, so swapping the dicts
+    # leaves the learner's Accelerators whole
     classes = (PartialState, AcceleratorState)
     learners = [vars(cls)["_shared_state"] for cls in classes]
     for cls, state in zip(classes, states or ({}, {})):
@@ -74,8 +73,7 @@ def learners_arguments(make_training_args):
 
 def trainer_run(examples, micro_batch_size, accumulation=1, make_args=None,
                 model=None, compute_loss_func=None, steps=1, **arguments):
-    """The Trainer after ``steps`` steps of ``model`` (or a tiny one) on the first
-    ``examples`` examples, with ``make_args`` or ``arguments``; the states put back."""
+    """The Trainer after ``steps`` steps on ``examples`` examples; states put back."""
     from transformers import DataCollatorWithPadding, Trainer
     from transformers.trainer_callback import PrinterCallback
 
