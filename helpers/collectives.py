@@ -7,9 +7,9 @@ names as its input (never the output buffer of a gather), and for a broadcast on
 the process that is its source. It sees calls made through the ``torch.distributed``
 namespace: DDP's gradient all-reduce once ``count_ddp`` routes it through a Python hook,
 DDP's broadcast of the model's buffers before each forward (``_broadcast_coalesced``,
-its default ``broadcast_buffers=True``), Accelerate's ``LocalSGD``, ``reduce`` and
-``gather``. Calls that PyTorch makes internally, between its own functions, are not
-seen.
+while ``forward_sync_buffers`` is on: its default; torch 2.13's name for the deprecated
+``broadcast_buffers``), Accelerate's ``LocalSGD``, ``reduce`` and ``gather``. Calls
+that PyTorch makes internally, between its own functions, are not seen.
 """
 import contextlib
 import inspect

@@ -126,8 +126,8 @@ def test_gradient_accumulation_is_wired_through_and_local_sgd_counts_micro_batch
 def test_ddp_broadcasts_buffers_before_every_forward_local_sgd_before_the_first(
     short_runs,
 ):
-    # DDP's default broadcast_buffers=True; LocalSGD's no_sync() stops it after the
-    # first forward
+    # DDP's default forward_sync_buffers=True (torch 2.13's name for the deprecated
+    # broadcast_buffers); LocalSGD's no_sync() stops it after the first forward
     def buffer_broadcasts(run):
         return [event["step"] for event in run["events_by_rank"][0]
                 if event["collective"] == "_broadcast_coalesced"]
