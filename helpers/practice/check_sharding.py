@@ -6,13 +6,13 @@ import tempfile
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.serialization import add_safe_globals, clear_safe_globals, get_safe_globals
 
 from helpers import launcher
 from helpers.models import build_model
 from helpers.practice import core
+from helpers.sharding import cpu_mesh
 from helpers.units import MiB
 
 STAGES = {"DDP": (), "ZeRO-1": ("state",), "ZeRO-2": ("gradients", "state"),
@@ -48,8 +48,9 @@ def check_bytes_per_process(bytes_per_process):
     """``bytes_per_process(stage, parameters, n)``: one of ``n`` processes' bytes."""
 
 
-# bytes a step sends / DDP's, as lesson 6 measured PyTorch's runs (*_comm_bytes_ratio):
-# ZeroRedundancyOptimizer, fully_shard without resharding, and with it
+# bytes a step sends / DDP's, as lesson 6 and its lab measured PyTorch's runs
+# (*_comm_bytes_ratio): ZeroRedundancyOptimizer, fully_shard without resharding (the
+# lab), and with reshard_after_forward=True on every group
 SENT = {"DDP": 1.0, "ZeRO-1": 1.5, "ZeRO-2": 1.0, "ZeRO-3": 1.5}
 
 
@@ -94,7 +95,7 @@ def colleague_save(model, path):
 
 def saving_worker(accelerator, saves, folder):
     """Each process, each save: the tiny DistilBERT sharded, saved; who wrote it."""
-    mesh, torch_save = init_device_mesh("cpu", (dist.get_world_size(),)), torch.save
+    mesh, torch_save = cpu_mesh(), torch.save  # gloo's group on any machine
     held, target, wrote = [], [], []
 
     def counted(obj, f, *args, **kwargs):  # a path, a file, or a writer of torch's own
@@ -114,9 +115,10 @@ def saving_worker(accelerator, saves, folder):
     return held
 
 
-def loaded_fresh(path, full):
-    """A fresh process's torch.load (defaults; no safe globals added), then the tiny
-    DistilBERT's load_state_dict: its error, or the tensors equal to ``full``'s."""
+def loaded_outside_group(path, full):
+    """Outside the process group, in this process: torch.load with its defaults (the
+    safe globals cleared while it runs), then an unsharded tiny DistilBERT's
+    load_state_dict: its error, or the tensors equal to ``full``'s."""
     if not os.path.isfile(path):
         return "no file" if not os.path.exists(path) else (
             "a folder, not one file (torch.distributed.checkpoint writes a file per "
@@ -158,7 +160,8 @@ def weigh(saves):
             return _held.update(dict.fromkeys(saves, core.Raised(
                 core.never_joined(said) if said else core.NEVER_JOINED)))
         full = build_model("tiny", seed=0).state_dict()
-        _held.update({save: {WROTE: n, LOADS: loaded_fresh(f"{folder}/{i}.pt", full)}
+        _held.update({save: {WROTE: n,
+                             LOADS: loaded_outside_group(f"{folder}/{i}.pt", full)}
                       for i, (save, n) in enumerate(zip(saves, writers))})  # as asked
 
 
@@ -170,7 +173,7 @@ def saving(method, writer=0):  # every process calls a method of each entry; 0 w
     return save
 
 
-WROTE, LOADS = "processes that wrote it", "loaded in a fresh process"
+WROTE, LOADS = "processes that wrote it", "loaded with torch.load defaults"
 CHECKPOINT = core.Exercise(
     "6.3", _saved, intended=saving("full_tensor"), name="fixed_save",
     mistakes=(
@@ -188,11 +191,11 @@ CHECKPOINT = core.Exercise(
                   "every process, so gather in every process and write in one."),),
     describe=lambda got, expected, config: (
         f"processes that wrote the file: {got[WROTE]}; {LOADS}: {got[LOADS]}. Hint: "
-        "one file, written by one process, that torch.load's defaults read in a fresh "
-        "process into the unsharded model."),
+        "one file, written by one process, that torch.load's defaults read outside the "
+        "process group into the unsharded model."),
     correct=lambda got, config: (
-        f"one process wrote the file; in a fresh process, torch.load with its "
-        f"defaults read it and the unsharded model took it: {got[LOADS]}."))
+        f"one process wrote the file; outside the process group, torch.load with "
+        f"its defaults read it and the unsharded model took it: {got[LOADS]}."))
 
 
 @core.checker(CHECKPOINT)
