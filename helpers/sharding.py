@@ -10,8 +10,10 @@ launch, the stages one after the other), from ``STAGES``:
 - ``"ZeroRedundancyOptimizer"``: DDP plus PyTorch's ZeRO-1 optimizer, the optimizer
   state split (its communication is not the paper's ZeRO-1: DDP's all-reduce, then
   broadcasts);
-- ``"FSDP2"``: ``fully_shard`` as the lesson writes it (the weights freed after each
-  group's forward and gathered again for backward, as ZeRO-3);
+- ``"FSDP2"``: ``fully_shard`` with ``reshard_after_forward=True`` on every group, the
+  root included (the weights freed after each group's forward and gathered again for
+  backward, as ZeRO-3); left out, the option is True for the layers and False for the
+  root, whose weights stay whole from forward to backward;
 - ``"FSDP2, reshard_after_forward=False"``: the whole weights kept from forward to
   backward (ZeRO-2 during the step; between steps FSDP2 still holds only slices).
 

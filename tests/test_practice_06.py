@@ -123,7 +123,7 @@ def saved_nested(model, path):  # one writer, whole tensors, but under a key of 
         torch.save({"model": state}, path)
 
 
-def test_6_3_one_writer_and_a_file_a_fresh_process_loads():
+def test_6_3_one_writer_and_a_file_torch_load_reads():
     """Issue 44: every process writing the file was called correct; a folder saved by
     torch.distributed.checkpoint got the check's own IsADirectoryError; a second
     try's nested dict got `.to_local()`'s hint."""

@@ -7,19 +7,20 @@ from unittest import mock
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.serialization import add_safe_globals, clear_safe_globals, get_safe_globals
 
 from helpers import launcher
 from helpers.models import build_model
 from helpers.practice import core
+from helpers.sharding import cpu_mesh
 from helpers.units import MiB
 
 STAGES = {"DDP": (), "ZeRO-1": ("state",), "ZeRO-2": ("gradients", "state"),
           "ZeRO-3": ("weights", "gradients", "state")}  # stage -> what it divides by n
-# bytes a step sends / DDP's, as lesson 6 measured PyTorch's runs (*_comm_bytes_ratio):
-# ZeroRedundancyOptimizer, fully_shard without resharding, and with it
+# bytes a step sends / DDP's, as lesson 6 and its lab measured PyTorch's runs:
+# ZeroRedundancyOptimizer, fully_shard without resharding (the lab), and with
+# reshard_after_forward=True on every group
 SENT = {"DDP": 1.0, "ZeRO-1": 1.5, "ZeRO-2": 1.0, "ZeRO-3": 1.5}
 _held = {}  # 6.3's mistakes' outcomes, weighed in the intended answer's launch, not 3
 
@@ -92,7 +93,7 @@ def colleague_save(model, path):
 
 def saving_worker(accelerator, saves, folder):
     """Each process, each save: the tiny DistilBERT sharded, saved; who wrote it."""
-    mesh, torch_save = init_device_mesh("cpu", (dist.get_world_size(),)), torch.save
+    mesh, torch_save = cpu_mesh(), torch.save  # gloo's group on any machine
     held, target, wrote = [], [], []
 
     def counted(obj, f, *args, **kwargs):  # a path, a file, or a writer of torch's own
@@ -110,8 +111,8 @@ def saving_worker(accelerator, saves, folder):
     return held
 
 
-def loaded_fresh(path, full):
-    """Load as a fresh process (torch.load's defaults): its error, or tensors equal."""
+def loaded_outside_group(path, full):
+    """Outside the process group: torch.load's defaults, then an unsharded model."""
     if not os.path.isfile(path):
         return ("a folder, not one file (torch.distributed.checkpoint writes a file "
                 "per process)") if os.path.exists(path) else "no file"
@@ -152,7 +153,8 @@ def weigh(saves):
             return _held.update(dict.fromkeys(saves, core.Raised(
                 core.never_joined(said) if said else core.NEVER_JOINED)))
         full = build_model("tiny", seed=0).state_dict()
-        _held.update({save: {WROTE: n, LOADS: loaded_fresh(f"{folder}/{i}.pt", full)}
+        _held.update({save: {WROTE: n,
+                             LOADS: loaded_outside_group(f"{folder}/{i}.pt", full)}
                       for i, (save, n) in enumerate(zip(saves, writers))})  # as asked
 
 
@@ -164,7 +166,7 @@ def saving(method, writer=0):  # every process calls a method of each entry; 0 w
     return save
 
 
-WROTE, LOADS = "processes that wrote it", "loaded in a fresh process"
+WROTE, LOADS = "processes that wrote it", "loaded with torch.load defaults"
 CHECKPOINT = core.Exercise(
     "6.3", _saved, intended=saving("full_tensor"), name="fixed_save", mistakes=(
         ("the file holds DTensors, each process's slice, which a single process cannot "
@@ -180,10 +182,11 @@ CHECKPOINT = core.Exercise(
                   "every process, so gather in every process and write in one."),),
     describe=lambda got, expected, config: "processes that wrote the file: "
     f"{got[WROTE]}; {LOADS}: {got[LOADS]}. Hint: one file, written by one process, "
-    "that torch.load's defaults read in a fresh process into the unsharded model.",
+    "that torch.load's defaults read outside the process group into the unsharded "
+    "model.",
     correct=lambda got, config: (
-        f"one process wrote the file; in a fresh process, torch.load with its "
-        f"defaults read it and the unsharded model took it: {got[LOADS]}."))
+        f"one process wrote the file; outside the process group, torch.load with "
+        f"its defaults read it and the unsharded model took it: {got[LOADS]}."))
 
 
 @core.checker(CHECKPOINT)
