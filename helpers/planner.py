@@ -592,8 +592,8 @@ def _cut(tracker, marks, start, end):
     # Some blocks of every layer are freed together after the last layer: autocast's
     # cached copies of the weights when autocast is left (after forward),
     # checkpointing's recomputed tensors when backward ends. Such a free, after the
-    # layers, of a block
-    # the middle layer made is repeated as the middle layer is (marked True).
+    # layers, of a block the middle layer made is repeated as the middle layer is
+    # (marked True).
     middle = {alloc for alloc, delta in
               tracker.events[index["F1"][0]:index["F2"][0]]
               + tracker.events[index["B2end"][0]:index["B1end"][0]] if delta > 0}
@@ -746,20 +746,20 @@ def sent_bytes_per_step(table, run, levers):
     forwards = run.accumulation
     buffers = table.buffer_bytes * (n - 1) / n * forwards  # DDP's buffer broadcast
     if kind in ("ddp", "zero1"):
-        if levers.local_sgd_every:
-            return buffers + 2 * (n - 1) / n * parameter_bytes / levers.local_sgd_every
+        if levers.local_sgd_every:  # each process trains alone: no DDP, no buffers
+            return 2 * (n - 1) / n * parameter_bytes / levers.local_sgd_every
         sent = buffers + 2 * (n - 1) / n * parameter_bytes
         if kind == "zero1":  # each rank broadcasts the shard it updated
             sent += (n - 1) / n * parameter_bytes
         return sent
     # FSDP2: per group, an all-gather of the padded shards in forward (and again in
-    # backward when resharding, except the root's), a reduce-scatter of the padded
-    # gradients in backward, every micro-batch
+    # backward when resharding: the root too, which lesson 06 shards with
+    # reshard_after_forward=True as well), a reduce-scatter of the padded gradients in
+    # backward, every micro-batch
     sent = 0.0
-    for position, group in enumerate(table.groups):
+    for group in table.groups:
         padded = sum(_shard_shape(s, n)[0] * math.prod(s[1:]) for s in group) * n
-        resharded = kind == "fsdp-reshard" and position < len(table.groups) - 1
-        gathers = 2 if resharded else 1
+        gathers = 2 if kind == "fsdp-reshard" else 1
         sent += gathers * (n - 1) / n * padded * element  # all-gather
         sent += (n - 1) / n * padded * element  # reduce-scatter
     return sent * forwards
@@ -847,13 +847,13 @@ def _micro_flops(seg, layers):
 
 
 def _reserved(peak, table, levers, run):
-    """The caching allocator's reserve at the peak: each parameter-sized block rounded
-    as
-    the allocator rounds it; activations are many blocks, rounded on average by half a
-    step (see ``_round_allocation``)."""
-    rounded = sum(_round_allocation(math.prod(s) * _dtype_bytes(levers))
-                  - math.prod(s) * _dtype_bytes(levers) for s in table.shapes)
-    # weights, gradients and (about) two state tensors per parameter
+    """The caching allocator's reserve at the peak, the one rule for every plan: the
+    live peak, plus each parameter-sized block (weights, gradients and two optimizer
+    state tensors per parameter) rounded up as the allocator rounds it
+    (``_round_allocation``). Fragmentation is not modelled."""
+    element = _dtype_bytes(levers)
+    rounded = sum(_round_allocation(math.prod(s) * element) - math.prod(s) * element
+                  for s in table.shapes)
     return peak + 4 * rounded
 
 
@@ -971,6 +971,9 @@ def build_parser():
                              "device, ddp on more)")
     parser.add_argument("--local-sgd", type=int, default=None, metavar="K",
                         help="with ddp: average the weights every K steps")
+    parser.add_argument("--reentrant-checkpointing", action="store_true",
+                        help="checkpoint with use_reentrant=True (the default until "
+                             "PyTorch 2.4) instead of non-reentrant")
     parser.add_argument("--attention", default="sdpa", help="sdpa or eager")
     parser.add_argument("--gpu-memory", default="80GB", help="e.g. 80GB, 80GiB")
     parser.add_argument("--context", default="1343MiB",
@@ -990,7 +993,8 @@ def main(argv=None):
     try:
         sharding = args.sharding or ("none" if args.devices == 1 else "ddp")
         run = Run(batch=args.batch, seq=args.seq, accumulation=args.accumulation,
-                  attention=args.attention)
+                  attention=args.attention,
+                  reentrant_checkpointing=args.reentrant_checkpointing)
         levers = Levers(checkpointing=args.checkpointing, precision=args.precision,
                         optimizer=args.optimizer,
                         optimizer_implementation=args.optimizer_implementation,

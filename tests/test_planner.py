@@ -54,7 +54,8 @@ def test_sharded_bytes_per_device_follow_zero():
              for sharding in ("ddp", "zero1", "fsdp")}
     n = planner.count_parameters("llama-3.1-8b")
     assert parts["ddp"]["optimizer state"] == pytest.approx(8 * n, rel=1e-6)
-    assert parts["zero1"]["optimizer state"] == pytest.approx(8 * n / 8, rel=1e-3)
+    # the largest share: whole tensors, shared out greedily
+    assert parts["zero1"]["optimizer state"] == pytest.approx(8 * n / 8, rel=0.07)
     assert parts["fsdp"]["weights"] == pytest.approx(4 * n / 8, rel=1e-3)
 
 
@@ -89,17 +90,27 @@ def test_bad_run_and_missing_configuration_say_what_to_do(tmp_path):
         planner.load_config(tmp_path / "nowhere")
 
 
-def test_the_command_refuses_bad_input_with_a_sentence():
+def test_the_command_refuses_bad_input_with_a_sentence(capsys):
     for arguments, message in [
             (["--model", "data/models/gpt2", "--batch", "-4"], "batch must be"),
             (["--model", "data/models/gpt2", "--optimizer", "lion"],
              "unknown optimizer"),
+            (["--model", "data/models/gpt2", "--gpu-memory", "lots"], "cannot read"),
             (["--model", "data/models/missing"], "no config.json")]:
-        done = subprocess.run([sys.executable, "-m", "helpers.planner", *arguments],
-                              cwd=REPO_ROOT, capture_output=True, text=True)
-        assert done.returncode == 2
-        assert message in done.stderr
-        assert "Traceback" not in done.stderr
+        with pytest.raises(SystemExit) as stopped:
+            planner.main(arguments)
+        assert stopped.value.code == 2
+        error = capsys.readouterr().err
+        assert message in error
+        assert "Traceback" not in error
+
+
+def test_the_command_runs_as_a_module():
+    done = subprocess.run([sys.executable, "-m", "helpers.planner", "--model",
+                           "data/models/distilbert-tiny", "--batch", "2", "--seq", "16",
+                           "--json"], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert '"fits": true' in done.stdout
 
 
 @pytest.fixture(scope="module")

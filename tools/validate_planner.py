@@ -433,7 +433,7 @@ def error(prediction, measurement):
     return (prediction - measurement) / measurement
 
 
-def validate(grid, verbose=True):
+def validate(grid, verbose=True, on_row=None):
     rows = []
     for case in grid:
         started = time.perf_counter()
@@ -454,6 +454,8 @@ def validate(grid, verbose=True):
         rows.append(row)
         if verbose:
             print(format_row(row), flush=True)
+        if on_row is not None:
+            on_row(rows)
     return rows
 
 
@@ -507,7 +509,21 @@ def main(argv=None):
     torch.set_num_threads(1)
     started = time.perf_counter()
     grid = sample() if args.sample else cases()
-    rows = validate(grid)
+    # two processes first, then real tensors, then fake ones
+    grid.sort(key=lambda case: ("processes", "real", "fake").index(case.how))
+    out = Path(args.out)
+
+    def write(rows, anchors=(), done=False):
+        if args.no_write:
+            return
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({
+            "environment": environment(), "complete": done,
+            "configurations": len(grid), "measured": len(rows),
+            "seconds": time.perf_counter() - started, "summary": summary(rows),
+            "rows": rows, "published": list(anchors)}, indent=1) + "\n")
+
+    rows = validate(grid, on_row=write)
     table = summary(rows)
     anchors = [] if args.sample else published()
     if anchors:
@@ -524,12 +540,7 @@ def main(argv=None):
         print(f"  {key:>24}: " + ", ".join(
             f"{k} {v:.2%}" if isinstance(v, float) else f"{k} {v}"
             for k, v in values.items()))
-    if not args.no_write:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"environment": environment(), "seconds": seconds,
-                                   "summary": table, "rows": rows,
-                                   "published": anchors}, indent=1) + "\n")
+    write(rows, anchors, done=True)
     return 0
 
 
