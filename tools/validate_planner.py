@@ -505,7 +505,20 @@ def main(argv=None):
     parser.add_argument("--out", default=str(ROOT / "data" / "planner" /
                                              "validation.json"))
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--published-only", action="store_true",
+                        help="only the published runs, written to "
+                             "data/planner/published.json")
     args = parser.parse_args(argv)
+    if args.published_only:
+        anchors = published()
+        for row in anchors:
+            print(row)
+        target = ROOT / "data" / "planner" / "published.json"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps({"environment": environment(),
+                                      "context_mib": V100_CONTEXT_MIB,
+                                      "rows": anchors}, indent=1) + "\n")
+        return 0
     torch.set_num_threads(1)
     started = time.perf_counter()
     grid = sample() if args.sample else cases()
