@@ -14,7 +14,7 @@ LAB_ARGS ?=
 TORCH_INDEX ?=
 TORCH_INDEX_TIMEOUT ?= 20
 
-.PHONY: install lab lint test test-other-cpu test-gpu execute bench run-twice reference data slides handout translations clean torch-from-index
+.PHONY: install lab lint test test-other-cpu test-gpu execute bench run-twice reference data slides handout translations clean torch-from-index validate-planner
 
 install: $(INSTALLED) $(if $(TORCH_INDEX),torch-from-index)
 
@@ -86,6 +86,11 @@ run-twice: $(INSTALLED)
 # the machine's description; the lesson plots a learner's speed ratios beside every file there.
 reference: $(INSTALLED)
 	$(PY) tools/record_reference.py
+
+# Lesson 07's planner against live runs here (real tensors, fake ones, 2 processes) and the
+# published runs: prints the table, writes data/planner/validation.json (machine, versions, date).
+validate-planner: $(INSTALLED)
+	CUDA_VISIBLE_DEVICES= $(PY) tools/validate_planner.py
 
 data: $(INSTALLED)
 	$(PY) data/make_data.py

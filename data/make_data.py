@@ -206,11 +206,72 @@ def write_model_configs(out_dir, vocab_size):
         )
 
 
+def write_planner_model_configs(out_dir):
+    """Published architectures for lesson 07's planner (configuration files only: the
+    planner lays them out on the meta device, no weights), and two tiny ones with their
+    code paths for its live validation. Values as in each model's published config.json
+    on the Hugging Face Hub."""
+    llama3_rope = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"}
+    llama = {"model_type": "llama", "architectures": ["LlamaForCausalLM"],
+             "hidden_act": "silu", "attention_bias": False, "attention_dropout": 0.0,
+             "mlp_bias": False, "initializer_range": 0.02, "pretraining_tp": 1,
+             "tie_word_embeddings": False, "use_cache": True}
+    llama3 = {**llama, "vocab_size": 128256, "num_key_value_heads": 8,
+              "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+              "rope_theta": 500000.0, "rope_scaling": llama3_rope,
+              "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 128}
+    gpt2 = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
+            "activation_function": "gelu_new", "attn_pdrop": 0.1, "embd_pdrop": 0.1,
+            "resid_pdrop": 0.1, "layer_norm_epsilon": 1e-5, "initializer_range": 0.02,
+            "bos_token_id": 50256, "eos_token_id": 50256, "vocab_size": 50257,
+            "n_positions": 1024, "n_ctx": 1024, "n_embd": 768, "n_head": 12,
+            "n_layer": 12}
+    configs = {
+        "bert-large-uncased": {
+            "model_type": "bert", "architectures": ["BertForMaskedLM"],
+            "attention_probs_dropout_prob": 0.1, "hidden_act": "gelu",
+            "hidden_dropout_prob": 0.1, "hidden_size": 1024, "initializer_range": 0.02,
+            "intermediate_size": 4096, "layer_norm_eps": 1e-12,
+            "max_position_embeddings": 512, "num_attention_heads": 16,
+            "num_hidden_layers": 24, "pad_token_id": 0,
+            "position_embedding_type": "absolute", "type_vocab_size": 2,
+            "vocab_size": 30522},
+        "gpt2": gpt2,
+        # the same code path, small enough to train here
+        "gpt2-tiny": {**gpt2, "vocab_size": 1024, "n_positions": 256, "n_ctx": 256,
+                      "n_embd": 64, "n_head": 4, "n_layer": 2, "bos_token_id": 1023,
+                      "eos_token_id": 1023},
+        "llama-2-7b": {**llama, "vocab_size": 32000, "hidden_size": 4096,
+                       "intermediate_size": 11008, "num_hidden_layers": 32,
+                       "num_attention_heads": 32, "num_key_value_heads": 32,
+                       "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
+                       "rope_theta": 10000.0, "bos_token_id": 1, "eos_token_id": 2},
+        "llama-3.1-8b": {**llama3, "hidden_size": 4096, "intermediate_size": 14336,
+                         "num_hidden_layers": 32, "num_attention_heads": 32},
+        "llama-3.1-70b": {**llama3, "hidden_size": 8192, "intermediate_size": 28672,
+                          "num_hidden_layers": 80, "num_attention_heads": 64},
+        # the same code path (grouped-query attention included), small
+        "llama-tiny": {**llama, "vocab_size": 1024, "hidden_size": 64,
+                       "intermediate_size": 176, "num_hidden_layers": 2,
+                       "num_attention_heads": 4, "num_key_value_heads": 2,
+                       "max_position_embeddings": 512, "rms_norm_eps": 1e-5,
+                       "rope_theta": 10000.0, "bos_token_id": 1, "eos_token_id": 2},
+    }
+    for name, config in configs.items():
+        folder = out_dir / "models" / name
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(
+            json.dumps(config, indent=2, sort_keys=True) + "\n"
+        )
+
+
 def main(out_dir=DATA_DIR):
     out_dir = Path(out_dir)
     paraphrase_dir = write_splits(out_dir)
     tokenizer = train_tokenizer(paraphrase_dir, out_dir)
     write_model_configs(out_dir, vocab_size=len(tokenizer))
+    write_planner_model_configs(out_dir)
     print(f"wrote the data set, tokenizer and model configurations under {out_dir}")
 
 

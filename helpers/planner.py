@@ -1,0 +1,1033 @@
+"""Plan a training run before running it: per-device peak memory with its parts, bytes
+sent per step and FLOPs per step, for any combination of the course's levers
+(lesson 07).
+
+``plan(model, run, levers, device)`` never trains the configuration. It lays the model
+out on PyTorch's meta device (parameters counted exactly, no memory), and runs a copy
+with three layers, at the real shapes, one forward and backward on fake tensors
+(``helpers.mixed_precision.on_fake_tensors``: shapes and dtypes, no arithmetic) under
+lesson 1's meter (``helpers.memory.LiveTensorTracker``) and PyTorch's
+``FlopCounterMode``. Hooks cut that run into segments: what comes before the layers,
+each layer's forward, the head and loss, each layer's backward, what comes after. The
+middle layer's segments, repeated, give the memory timeline of the real depth, and its
+peak; the rest is formulas:
+
+- weights, gradients and optimizer state: bytes per parameter tensor, from its shape
+  and dtype (lesson 04), sharded as DDP, ``ZeroRedundancyOptimizer`` or FSDP2 shard
+  them (lesson 06, padding included);
+- the optimizer step's scratch memory, read from each optimizer's source;
+- bytes sent: ring collectives (lessons 03 and 06).
+
+``python -m helpers.planner --model data/models/<name> ...`` prints a plan, its verdict
+and the cheapest lever combinations that fit (``--help``). Its error is measured by
+``tools/validate_planner.py``.
+"""
+import argparse
+import contextlib
+import dataclasses
+import functools
+import itertools
+import json
+import math
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+from helpers.memory import LiveTensorTracker
+from helpers.paths import DATA_DIR
+from helpers.units import GiB, MiB
+
+PRECISIONS = ("float32", "bfloat16", "float16", "bfloat16-pure")
+PRECISION_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16",
+                     "bf16-pure": "bfloat16-pure", "no": "float32"}
+OPTIMIZERS = ("adamw", "sgd", "adafactor", "adamw8bit")
+SHARDINGS = ("none", "ddp", "zero1", "fsdp", "fsdp-reshard")
+OPTIMIZER_IMPLEMENTATIONS = ("for-loop", "foreach", "fused")
+# Which Transformers class trains each family: a classifier head (2 labels, as the
+# course's DistilBERT and Transformers' BERT-large runs) or a causal language model.
+CLASSIFIERS = ("distilbert", "bert")
+NUM_LABELS = 2
+# The layer stack of each family, and the group FSDP2 wraps one by one.
+LAYER_PATHS = {"distilbert": "distilbert.transformer.layer",
+               "bert": "bert.encoder.layer", "gpt2": "transformer.h",
+               "llama": "model.layers"}
+# The copy the fake run measures: its first layer, a middle one repeated, its last.
+MEASURED_LAYERS = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One training step: ``batch`` sequences of ``seq`` tokens per device and
+    micro-batch, ``accumulation`` micro-batches per optimizer step."""
+    batch: int = 1
+    seq: int = 128
+    accumulation: int = 1
+    # Transformers' attention: "sdpa" (its default) or "eager" (the only one before
+    # 4.36, that of Transformers' published BERT-large runs)
+    attention: str = "sdpa"
+    # zero_grad(set_to_none=False) between steps (lesson 06's loop, and DDP's buckets
+    # keep them anyway) instead of PyTorch's default, set_to_none=True
+    keep_gradients: bool = False
+    # checkpointing's implementation: non-reentrant (PyTorch's recommendation, the
+    # course's) or reentrant (torch.utils.checkpoint's default until 2.4, that of
+    # Transformers' published runs)
+    reentrant_checkpointing: bool = False
+
+    def __post_init__(self):
+        for name in ("batch", "seq", "accumulation"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+        if self.attention not in ("sdpa", "eager"):
+            raise ValueError(f"attention must be 'sdpa' or 'eager', got "
+                             f"{self.attention!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Levers:
+    """The course's levers (lessons 01 to 06)."""
+    checkpointing: bool = False  # every layer (lessons 01 and 02)
+    precision: str = "float32"  # PRECISIONS (lesson 05)
+    optimizer: str = "adamw"  # OPTIMIZERS (lesson 04)
+    # for-loop (PyTorch's default on a CPU, Transformers' own AdamW), foreach
+    # (PyTorch's default on a GPU) or fused; it sets the optimizer step's scratch memory
+    optimizer_implementation: str = "for-loop"
+    sharding: str = "none"  # SHARDINGS (lessons 03 and 06)
+    devices: int = 1
+    # Local SGD (lesson 03): average the weights every k steps instead of all-reducing
+    # gradients each step; None: off
+    local_sgd_every: int | None = None
+
+    def __post_init__(self):
+        precision = PRECISION_ALIASES.get(self.precision, self.precision)
+        object.__setattr__(self, "precision", precision)
+        choices = {"precision": PRECISIONS, "optimizer": OPTIMIZERS,
+                   "sharding": SHARDINGS,
+                   "optimizer_implementation": OPTIMIZER_IMPLEMENTATIONS}
+        for name, valid in choices.items():
+            if getattr(self, name) not in valid:
+                raise ValueError(f"unknown {name} {getattr(self, name)!r}; valid: "
+                                 f"{', '.join(valid)}")
+        if not isinstance(self.checkpointing, bool):
+            raise ValueError(f"checkpointing must be True or False, got "
+                             f"{self.checkpointing!r}")
+        if (isinstance(self.devices, bool) or not isinstance(self.devices, int)
+                or self.devices < 1):
+            raise ValueError("devices must be a whole number >= 1, got "
+                             f"{self.devices!r}")
+        if self.devices > 1 and self.sharding == "none":
+            raise ValueError(f"{self.devices} devices need a sharding: one of "
+                             f"{', '.join(SHARDINGS[1:])}")
+        if self.local_sgd_every is not None:
+            if (isinstance(self.local_sgd_every, bool)
+                    or not isinstance(self.local_sgd_every, int)
+                    or self.local_sgd_every < 1):
+                raise ValueError("local_sgd_every must be a whole number of steps >= 1 "
+                                 f"or None, got {self.local_sgd_every!r}")
+            if self.sharding != "ddp":
+                raise ValueError("Local SGD averages whole models: use it with "
+                                 "sharding='ddp' (each device keeps everything)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+    """What one device offers, all stated inputs: its memory, the memory the runtime
+    takes before any tensor (the CUDA context), its link and its peak throughput."""
+    memory_bytes: float = 80 * 10**9
+    context_bytes: float = 0
+    link_bytes_per_s: float = 100 * 10**9
+    peak_flops: float = 312 * 10**12
+    # the device type the fake run uses: autocast's rules and attention kernels differ
+    # between 'cpu' and 'cuda'
+    kind: str = "cuda"
+    # model the caching allocator's rounding (CUDA: blocks of 512 bytes, large ones
+    # in 2 MiB steps) on top of the live tensors
+    allocator_rounding: bool = False
+
+    def __post_init__(self):
+        if self.kind not in ("cpu", "cuda"):
+            raise ValueError(f"kind must be 'cpu' or 'cuda', got {self.kind!r}")
+        for name in ("memory_bytes", "context_bytes", "link_bytes_per_s", "peak_flops"):
+            value = getattr(self, name)
+            if (not isinstance(value, (int, float)) or isinstance(value, bool)
+                    or value < 0):
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+
+
+@dataclasses.dataclass
+class Plan:
+    """What one device holds and does in one optimizer step."""
+    parts: dict  # bytes: weights, gradients, optimizer state, activations, ...
+    peak_bytes: int  # live tensors at the step's peak
+    reserved_bytes: int  # with the allocator's rounding, if modelled; else peak_bytes
+    total_bytes: int  # reserved_bytes + the device's context
+    fits: bool
+    sent_bytes: float  # per device per step, over a ring
+    link_seconds: float
+    flops: int  # per device per step, FlopCounterMode's count
+    compute_seconds: float
+    parameters: int
+    levers: Levers
+    run: Run
+    device: Device
+    peak_phase: str  # where the step peaks
+    phases: dict  # live bytes at the peak of each phase of the step
+
+    def as_dict(self):
+        return {"parts": self.parts, "peak_bytes": self.peak_bytes,
+                "reserved_bytes": self.reserved_bytes, "total_bytes": self.total_bytes,
+                "fits": self.fits, "sent_bytes": self.sent_bytes,
+                "link_seconds": self.link_seconds, "flops": self.flops,
+                "compute_seconds": self.compute_seconds, "parameters": self.parameters,
+                "peak_phase": self.peak_phase, "phases": self.phases}
+
+
+# --- the model, laid out without memory -------------------------------------------
+
+def _config_folder(model):
+    folder = Path(model)
+    if not folder.is_dir() and not folder.is_absolute():
+        candidate = DATA_DIR / "models" / str(model)
+        if candidate.is_dir():
+            folder = candidate
+    if not (folder / "config.json").exists():
+        known = sorted(p.name for p in (DATA_DIR / "models").iterdir() if p.is_dir())
+        raise FileNotFoundError(
+            f"no config.json in {str(model)!r}; pass a folder holding a Transformers "
+            f"configuration, e.g. data/models/<name> with <name> one of: "
+            f"{', '.join(known)} (python data/make_data.py remakes them)")
+    return folder
+
+
+def load_config(model, **overrides):
+    """A Transformers configuration from a folder (or a name in data/models), or the
+    configuration given."""
+    from transformers import AutoConfig, PretrainedConfig
+
+    if isinstance(model, PretrainedConfig):
+        config = model.__class__.from_dict(model.to_dict())
+    else:
+        config = AutoConfig.from_pretrained(_config_folder(model))
+    if config.model_type not in LAYER_PATHS:
+        raise ValueError(f"model type {config.model_type!r} is not planned; planned "
+                         f"families: {', '.join(LAYER_PATHS)}")
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    return config
+
+
+def _layer_count_key(config):
+    return {"distilbert": "n_layers", "gpt2": "n_layer"}.get(config.model_type,
+                                                             "num_hidden_layers")
+
+
+def build_model(config, device="meta", attention="sdpa", layers=None):
+    """The model of ``config`` (a classifier for DistilBERT and BERT, a causal LM
+    otherwise) on ``device``, with ``layers`` layers if given; on 'meta' it has shapes
+    only."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    config = load_config(config)
+    if layers is not None:
+        setattr(config, _layer_count_key(config), layers)
+    config._attn_implementation = attention
+    if config.model_type in CLASSIFIERS:
+        config.num_labels = NUM_LABELS
+        cls = AutoModelForSequenceClassification
+    else:
+        cls = AutoModelForCausalLM
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.device(device):
+            return cls.from_config(config, attn_implementation=attention)
+
+
+def layer_stack(model):
+    """The ``nn.ModuleList`` of the model's layers."""
+    module = model
+    for name in LAYER_PATHS[model.config.model_type].split("."):
+        module = getattr(module, name)
+    return module
+
+
+@dataclasses.dataclass(frozen=True)
+class ParameterTable:
+    """Shapes of the model's parameters, by FSDP2 group (one per layer, then the rest),
+    and its buffers' bytes."""
+    # (shapes of layer 0, ..., shapes of the rest), each a tuple of shapes
+    groups: tuple
+    buffer_bytes: int  # float32/int buffers, as DDP broadcasts them each forward
+    layers: int
+
+    @property
+    def shapes(self):
+        return [s for group in self.groups for s in group]
+
+    @property
+    def count(self):
+        return sum(math.prod(s) for s in self.shapes)
+
+
+@functools.lru_cache(maxsize=32)
+def _parameter_table(config_json, attention):
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(**json.loads(config_json))
+    model = build_model(config, attention=attention)
+    layers = layer_stack(model)
+    in_layers = {id(p) for p in layers.parameters()}
+    groups = [tuple(tuple(p.shape) for p in layer.parameters()) for layer in layers]
+    rest = tuple(tuple(p.shape) for p in model.parameters() if id(p) not in in_layers)
+    buffer_bytes = sum(b.numel() * b.element_size() for b in model.buffers())
+    return ParameterTable(tuple(groups) + (rest,), buffer_bytes, len(layers))
+
+
+def parameter_table(config, attention="sdpa"):
+    """The ``ParameterTable`` of ``config``, from the model laid out on the meta
+    device."""
+    config = load_config(config)
+    return _parameter_table(json.dumps(config.to_dict(), sort_keys=True, default=str),
+                            attention)
+
+
+def count_parameters(model):
+    """The number of parameters of a configuration (a folder, a name in data/models or a
+    Transformers configuration), counted on the meta device."""
+    return parameter_table(model).count
+
+
+# --- bytes per parameter tensor (lesson 04), sharded (lesson 06) ------------------
+
+def _shard_shape(shape, devices):
+    """The shape of one device's FSDP2 shard: dim 0 cut in ``devices`` chunks of
+    ceil(dim0 / devices) rows, the last ones padded (torch.chunk, then padding)."""
+    if devices == 1:
+        return shape
+    return (math.ceil(shape[0] / devices),) + tuple(shape[1:])
+
+
+def optimizer_state_bytes(shape, optimizer, dtype_bytes=4):
+    """Bytes of one parameter's optimizer state, from the optimizer's source.
+
+    adamw: exp_avg and exp_avg_sq in the parameter's dtype (the step counter, a
+    0-dim float32 tensor, too); sgd: one momentum buffer; adafactor (Transformers'):
+    for a matrix, a row and a column second moment in float32, else a full one, plus
+    its RMS and step scalars; adamw8bit (bitsandbytes): 1 byte each for both moments and
+    a float32 scale per block of 256 values, float32 state for tensors under 4,096
+    values (its ``min_8bit_size``).
+    """
+    numel = math.prod(shape)
+    if optimizer == "adamw":
+        return 2 * numel * dtype_bytes + 4
+    if optimizer == "sgd":
+        return numel * dtype_bytes
+    if optimizer == "adafactor":
+        if len(shape) >= 2:
+            rows = math.prod(shape[:-1])
+            return 4 * (rows + shape[-1]) + 4 * 1
+        return 4 * numel + 4 * 1
+    if optimizer == "adamw8bit":
+        if numel < 4096:
+            return 2 * numel * 4
+        return 2 * (numel + 4 * math.ceil(numel / 256))
+    raise ValueError(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
+
+
+def optimizer_step_scratch(shapes, levers, dtype_bytes):
+    """The most bytes the optimizer step allocates for itself (freed before it returns).
+
+    From the sources: PyTorch's for-loop AdamW holds ``exp_avg_sq.sqrt()`` and its
+    quotient by the bias correction at once, two tensors of the parameter's size, one
+    parameter at a time; foreach AdamW takes the square roots of all of them at once;
+    fused kernels and SGD's in-place updates take none; Transformers' Adafactor holds
+    the squared gradient and the update, two of the parameter's size in float32.
+    """
+    largest = max(math.prod(s) for s in shapes)
+    if levers.optimizer == "adamw":
+        if levers.optimizer_implementation == "fused":
+            return 0
+        if levers.optimizer_implementation == "foreach":
+            return sum(math.prod(s) for s in shapes) * dtype_bytes
+        return 2 * largest * dtype_bytes
+    if levers.optimizer == "adafactor":
+        return 2 * largest * 4
+    return 0
+
+
+def _zero1_partition(shapes, devices):
+    """The parameters each rank of ``ZeroRedundancyOptimizer`` owns: sorted by size,
+    largest first, each to the rank holding the fewest elements so far
+    (torch/distributed/optim/zero_redundancy_optimizer.py, _partition_parameters)."""
+    owned = [[] for _ in range(devices)]
+    sizes = [0] * devices
+    for shape in sorted(shapes, key=math.prod, reverse=True):
+        rank = sizes.index(min(sizes))
+        owned[rank].append(shape)
+        sizes[rank] += math.prod(shape)
+    return owned
+
+
+def _per_device_shapes(table, levers):
+    """(shapes whose weights and gradients this device holds, shapes whose optimizer
+    state it holds) on the device that holds the most."""
+    shapes, n = table.shapes, levers.devices
+    if levers.sharding.startswith("fsdp"):
+        local = [_shard_shape(s, n) for s in shapes]
+        return local, local
+    if levers.sharding == "zero1":
+        partitions = _zero1_partition(shapes, n)
+        return shapes, max(partitions, key=lambda p: sum(map(math.prod, p)))
+    return shapes, shapes
+
+
+# --- one step of a short copy, on fake tensors ------------------------------------
+
+class StepTracker(LiveTensorTracker):
+    """Lesson 1's meter, which also notes the copies autocast makes of the weights (a
+    ``_to_copy`` of a parameter)."""
+
+    def __init__(self, parameter_keys=()):
+        super().__init__()
+        self.parameter_keys = set(parameter_keys)
+        self.weight_copies = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if (func is torch.ops.aten._to_copy.default and args
+                and isinstance(args[0], torch.Tensor)
+                and _key(args[0]) in self.parameter_keys):
+            alloc = self.allocation_id(out)
+            if alloc is not None:
+                self.weight_copies.add(alloc)
+        return out
+
+
+def _key(tensor):
+    try:
+        return tensor.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def _hidden_states(args, kwargs):
+    for value in list(args) + list(kwargs.values()):
+        if (isinstance(value, torch.Tensor) and value.is_floating_point()
+                and value.dim() == 3):
+            return value
+    raise RuntimeError("found no hidden states among a layer's inputs")
+
+
+def _first_tensor(output):
+    if isinstance(output, torch.Tensor):
+        return output
+    for value in output:
+        if isinstance(value, torch.Tensor):
+            return value
+    raise RuntimeError("found no tensor among a layer's outputs")
+
+
+class SegmentMarks:
+    """Marks in a tracker's event list: each layer's forward start and end, the end of
+    forward, and the moments backward reaches each layer's output and input."""
+
+    def __init__(self, tracker, layers, flop_counter=None):
+        self.tracker, self.flop_counter = tracker, flop_counter
+        self.marks = []  # (name, event index, flops so far)
+        self.handles = []
+        for index, layer in enumerate(layers):
+            self.handles.append(layer.register_forward_pre_hook(
+                functools.partial(self._pre, index), with_kwargs=True))
+            self.handles.append(layer.register_forward_hook(
+                functools.partial(self._post, index, len(layers))))
+
+    def mark(self, name):
+        """Note the moment ``name``; only its first time counts (checkpointing runs
+        each layer's forward again during backward)."""
+        if any(name == seen for seen, _, _ in self.marks):
+            return
+        flops = self.flop_counter.get_total_flops() if self.flop_counter else 0
+        self.marks.append((name, len(self.tracker.events), flops))
+
+    def _pre(self, index, module, args, kwargs):
+        if any(f"F{index}" == seen for seen, _, _ in self.marks):
+            return  # checkpointing's recomputation, in backward
+        self.mark(f"F{index}")
+        hidden = _hidden_states(args, kwargs)
+        if hidden.requires_grad:
+            hidden.register_hook(lambda grad: self.mark(f"B{index}end"))
+
+    def _post(self, index, count, module, args, output):
+        if any(f"F{index}end" == seen for seen, _, _ in self.marks):
+            return
+        self.mark(f"F{index}end")
+        if index == count - 1:
+            out = _first_tensor(output)
+            if out.requires_grad:
+                out.register_hook(lambda grad: self.mark(f"B{index}"))
+
+    def remove(self):
+        for handle in self.handles:
+            handle.remove()
+
+
+def make_batch(config, run, device, vocab_low=5):
+    """A micro-batch of random token ids (and labels) of the run's shape."""
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(vocab_low, config.vocab_size, (run.batch, run.seq),
+                              generator=generator).to(device)
+    if config.model_type in CLASSIFIERS:
+        labels = (torch.arange(run.batch) % NUM_LABELS).to(device)
+    else:
+        labels = input_ids
+    return {"input_ids": input_ids, "labels": labels}
+
+
+def autocast_context(precision, device_type):
+    """The forward pass's context for ``precision``: autocast for bfloat16 and float16,
+    nothing otherwise. On fake CUDA tensors (no GPU here) autocast's CUDA rules are set
+    as ``torch.autocast`` sets them, without its availability check."""
+    from helpers.mixed_precision import _autocast_state
+
+    if precision in ("float32", "bfloat16-pure"):
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bfloat16" else torch.float16
+    # CPU autocast, without its check that this CPU has float16 kernels (fake tensors
+    # need none)
+    return _autocast_state("cpu", dtype)
+
+
+# CUDA's autocast runs these in float32 (aten/src/ATen/autocast_mode.cpp: its fp32 and
+# fp32_set_opt_dtype lists); CPU's autocast leaves them in their input's dtype. The fake
+# run is on CPU tensors (fake CUDA tensors cannot run a linear layer on a CPU-only
+# build), so a plan for a GPU applies these rules on top of CPU's autocast.
+CUDA_FLOAT32_FUNCTIONS = frozenset({
+    "softmax", "log_softmax", "layer_norm", "group_norm", "cross_entropy", "nll_loss",
+    "mse_loss", "l1_loss", "smooth_l1_loss", "kl_div", "exp", "log", "pow", "rsqrt",
+    "reciprocal", "logsumexp", "cumsum", "cumprod", "prod", "sum", "softplus",
+    "binary_cross_entropy_with_logits", "cosine_similarity"})
+
+
+class CudaAutocastRules(torch.overrides.TorchFunctionMode):
+    """While CPU autocast is on: the functions CUDA's autocast runs in float32 get
+    float32 inputs, as there."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if (name in CUDA_FLOAT32_FUNCTIONS and torch.is_autocast_enabled("cpu")
+                and not kwargs.get("dtype")):
+            def up(value):
+                if (isinstance(value, torch.Tensor)
+                        and value.dtype in (torch.float16, torch.bfloat16)):
+                    return value.float()
+                return value
+            args = tuple(up(a) for a in args)
+            kwargs = {k: up(v) for k, v in kwargs.items()}
+        return func(*args, **kwargs)
+
+
+def autocast_rules(device_type):
+    """``CudaAutocastRules`` for a plan on a GPU, nothing for one on a CPU."""
+    return CudaAutocastRules() if device_type == "cuda" else contextlib.nullcontext()
+
+
+def prepare_model(model, levers, device_type, cast=True, reentrant=False):
+    """The levers a model object carries: dtype for bfloat16 end to end (``cast``),
+    checkpointing, train mode."""
+    if cast and levers.precision == "bfloat16-pure":
+        model.to(torch.bfloat16)
+    if levers.checkpointing:
+        # non-reentrant (PyTorch's recommendation); the RNG state it saves (bytes on a
+        # real GPU) is left out of a GPU's plan
+        # Transformers 5.23 renamed gradient_checkpointing_enable (the old name warns)
+        enable = getattr(model, "activation_checkpointing_enable", None)
+        kwargs = {"use_reentrant": reentrant,
+                  "preserve_rng_state": device_type == "cpu"}
+        if enable is not None:
+            enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    model.train()
+    return model
+
+
+def micro_batch_step(model, batch, run, levers, device_type):
+    """Forward (under the precision's autocast) and backward of one micro-batch."""
+    with autocast_context(levers.precision, device_type):
+        loss = model(**batch).loss
+    if run.accumulation > 1:
+        loss = loss / run.accumulation
+    return loss
+
+
+@dataclasses.dataclass
+class Segments:
+    """The event deltas of one micro-batch's forward and backward, cut by layer."""
+    # name -> list of (byte delta, whether it repeats with the middle layer)
+    pieces: dict
+    flops: dict  # name -> flops
+    copies_per_layer: int  # autocast's weight copies a middle layer keeps for backward
+    copies_other: int  # those the rest keeps
+    saved_middle: int  # net bytes a middle layer's forward keeps
+    loss_bytes: int  # the loss, alive at forward's end but not kept for backward
+
+
+ORDER_FORWARD = ("pro", "F0", "F1", "F2", "epi", "head")
+ORDER_BACKWARD = ("B2", "B1", "B0", "tail")
+
+
+def _cut(tracker, marks, start, end):
+    """Split the tracker's events from ``start`` to ``end`` at the marks, by segment."""
+    index = {name: (position, flops) for name, position, flops in marks}
+    bounds = [("pro", start), ("F0", index["F0"][0]), ("F1", index["F1"][0]),
+              ("F2", index["F2"][0]), ("epi", index["F2end"][0]),
+              ("head", index["forward end"][0]), ("B2", index["B2"][0]),
+              ("B1", index["B2end"][0]),
+              ("B0", index["B1end"][0]), ("tail", index["B0end"][0]), (None, end)]
+    flop_bounds = [index[n][1] for n in ("F0", "F1", "F2", "F2end", "forward end",
+                                         "B2", "B2end", "B1end", "B0end")]
+    # Some blocks of every layer are freed together after the last layer: autocast's
+    # cached copies of the weights when autocast is left (after forward),
+    # checkpointing's recomputed tensors when backward ends. Such a free, after the
+    # layers, of a block the middle layer made is repeated as the middle layer is
+    # (marked True).
+    middle = {alloc for alloc, delta in
+              tracker.events[index["F1"][0]:index["F2"][0]]
+              + tracker.events[index["B2end"][0]:index["B1end"][0]] if delta > 0}
+    pieces = {}
+    for (name, begin), (_, stop) in itertools.pairwise(bounds):
+        after_layers = name in ("epi", "head", "tail")
+        pieces[name] = [(delta, after_layers and delta < 0 and alloc in middle)
+                        for alloc, delta in tracker.events[begin:stop]]
+    return pieces, index, flop_bounds
+
+
+def fake_segments(config, run, levers, device_type, with_gradients, whole=False):
+    """Segments of one micro-batch of a ``MEASURED_LAYERS``-layer copy on fake tensors;
+    ``with_gradients``: the gradients exist already (a later micro-batch, or gradients
+    kept between steps). ``whole``: the model at its own depth instead, its forward as
+    one segment and the rest as another (no layer repeated)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from helpers.mixed_precision import on_fake_tensors
+
+    depth = None if whole else MEASURED_LAYERS
+    model = build_model(config, attention=run.attention, layers=depth)
+    if levers.precision == "bfloat16-pure":  # on the meta device: fake ones cannot
+        model.to(torch.bfloat16)
+    with on_fake_tensors(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = model.to_empty(device="cpu")
+        model.tie_weights()  # to_empty under fake tensors unties them
+        prepare_model(model, levers, device_type, cast=False,
+                      reentrant=run.reentrant_checkpointing)
+        batch = {k: torch.empty(v.shape, dtype=v.dtype).fill_(1)
+                 for k, v in make_batch(config, run, "cpu").items()}
+        rules = autocast_rules(device_type)
+        rules.__enter__()  # for checkpointing's recomputation in backward too
+        if with_gradients:  # a first micro-batch, unmeasured, makes them
+            micro_batch_step(model, batch, run, levers, device_type).backward()
+        parameter_keys = {_key(p) for p in model.parameters()}
+        tracker = StepTracker(parameter_keys)
+        flop_counter = FlopCounterMode(display=False)
+        marks = SegmentMarks(tracker, layer_stack(model), flop_counter)
+        with flop_counter, tracker:
+            loss = micro_batch_step(model, batch, run, levers, device_type)
+            marks.mark("forward end")
+            alive_at_forward_end = tracker.alive_ids() - {tracker.allocation_id(loss)}
+            loss_bytes = loss.untyped_storage().nbytes()
+            copies_alive = tracker.weight_copies & alive_at_forward_end
+            loss.backward()
+            del loss
+        rules.__exit__(None, None, None)
+        marks.remove()
+    if whole:
+        index = {name: (position, flops) for name, position, flops in marks.marks}
+        end_forward, flops_forward = index["forward end"]
+        pieces = {name: [] for name in ORDER_FORWARD + ORDER_BACKWARD}
+        pieces["pro"] = [(d, False) for _, d in tracker.events[:end_forward]]
+        pieces["head"] = [(d, False) for _, d in tracker.events[end_forward:]]
+        flops = dict.fromkeys(pieces, 0)
+        flops["pro"] = flops_forward
+        flops["head"] = flop_counter.get_total_flops() - flops_forward
+        sizes = {alloc: nbytes for _, alloc, nbytes in tracker.created}
+        return Segments(pieces, flops, 0, sum(sizes[a] for a in copies_alive), 0,
+                        loss_bytes)
+    pieces, index, fb = _cut(tracker, marks.marks, 0, len(tracker.events))
+    total_flops = flop_counter.get_total_flops()
+    names = ("pro", "F0", "F1", "F2", "epi", "head", "B2", "B1", "B0", "tail")
+    ends = fb + [total_flops]
+    flops = {name: end - begin
+             for name, begin, end in zip(names, [0] + fb, ends, strict=True)}
+    # autocast's copies the middle layer made and forward left alive
+    created = tracker.created
+    f1_start, f1_end = index["F1"][0], index["F2"][0]
+    f1_allocs = {alloc for alloc, delta in tracker.events[f1_start:f1_end] if delta > 0}
+    sizes = {alloc: nbytes for _, alloc, nbytes in created}
+    per_layer = sum(sizes[a] for a in copies_alive & f1_allocs)
+    other = sum(sizes[a] for a in copies_alive) - MEASURED_LAYERS * per_layer
+    return Segments(pieces, flops, per_layer, other,
+                    sum(delta for delta, _ in pieces["F1"]), loss_bytes)
+
+
+# A model this shallow runs at its own depth: as cheap as the copy, and exact
+SHALLOW_LAYERS = 4
+
+
+@functools.lru_cache(maxsize=256)
+def _segments_cached(config_json, run, levers_key, device_type, with_gradients):
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(**json.loads(config_json))
+    checkpointing, precision = levers_key
+    levers = Levers(checkpointing=checkpointing, precision=precision)
+    whole = getattr(config, _layer_count_key(config)) <= SHALLOW_LAYERS
+    return fake_segments(config, run, levers, device_type, with_gradients, whole)
+
+
+def segments(config, run, levers, device_type, with_gradients):
+    """``fake_segments``, remembered: it depends on the model, the run's shape,
+    checkpointing and precision only."""
+    shape = dataclasses.replace(run, accumulation=min(run.accumulation, 2),
+                                keep_gradients=False)
+    return _segments_cached(json.dumps(config.to_dict(), sort_keys=True, default=str),
+                            shape, (levers.checkpointing, levers.precision),
+                            device_type, with_gradients)
+
+
+def synthesise(seg, layers):
+    """(peak above the start, net change, bytes alive at forward's end) of one
+    micro-batch with ``layers`` layers: the middle layer's segments repeated."""
+    if layers < 2:
+        raise ValueError("the planner models stacks of at least 2 layers")
+    repeats = layers - 2
+    order = (["pro", "F0"] + ["F1"] * repeats + ["F2", "epi", "head", "B2"]
+             + ["B1"] * repeats + ["B0", "tail"])
+    live = peak = 0
+    forward_end = None
+    for name in order:
+        piece = seg.pieces[name]
+        if name == "head":
+            forward_end = live - seg.loss_bytes
+        # a repeated piece peaks where it peaks once, shifted by what came before
+        running = live
+        for delta, per_middle_layer in piece:
+            running += delta * repeats if per_middle_layer else delta
+            peak = max(peak, running)
+        live = running
+    return peak, live, forward_end
+
+
+# --- the plan ------------------------------------------------------------------------
+
+def _dtype_bytes(levers):
+    return 2 if levers.precision == "bfloat16-pure" else 4
+
+
+def _round_allocation(nbytes):
+    """What the CUDA caching allocator hands out for ``nbytes``: multiples of 512 bytes,
+    and of 2 MiB above 1 MiB (c10/cuda/CUDACachingAllocator.cpp: kMinBlockSize,
+    kRoundLarge)."""
+    if nbytes > MiB:
+        return math.ceil(nbytes / (2 * MiB)) * 2 * MiB
+    return math.ceil(nbytes / 512) * 512
+
+
+def sent_bytes_per_step(table, run, levers):
+    """Bytes one device sends per optimizer step over a ring, for the sharding lever."""
+    n, kind = levers.devices, levers.sharding
+    if n == 1 or kind == "none":
+        return 0.0
+    element = _dtype_bytes(levers)
+    parameter_bytes = table.count * element
+    forwards = run.accumulation
+    buffers = table.buffer_bytes * (n - 1) / n * forwards  # DDP's buffer broadcast
+    if kind in ("ddp", "zero1"):
+        if levers.local_sgd_every:  # each process trains alone: no DDP, no buffers
+            return 2 * (n - 1) / n * parameter_bytes / levers.local_sgd_every
+        sent = buffers + 2 * (n - 1) / n * parameter_bytes
+        if kind == "zero1":  # each rank broadcasts the shard it updated
+            sent += (n - 1) / n * parameter_bytes
+        return sent
+    # FSDP2: per group, an all-gather of the padded shards in forward (and again in
+    # backward when resharding: the root too, which lesson 06 shards with
+    # reshard_after_forward=True as well), a reduce-scatter of the padded gradients in
+    # backward, every micro-batch
+    sent = 0.0
+    for group in table.groups:
+        padded = sum(_shard_shape(s, n)[0] * math.prod(s[1:]) for s in group) * n
+        gathers = 2 if kind == "fsdp-reshard" else 1
+        sent += gathers * (n - 1) / n * padded * element  # all-gather
+        sent += (n - 1) / n * padded * element  # reduce-scatter
+    return sent * forwards
+
+
+def plan(model, run=None, levers=None, device=None):
+    """The plan of one training step on each device: see the module's docstring."""
+    run = run or Run()
+    levers = levers or Levers()
+    device = device or Device()
+    config = load_config(model)
+    table = parameter_table(config, run.attention)
+    n = levers.devices
+    element = _dtype_bytes(levers)
+    weight_shapes, state_shapes = _per_device_shapes(table, levers)
+    weights = sum(math.prod(s) for s in weight_shapes) * element
+    gradients = weights
+    state = sum(optimizer_state_bytes(s, levers.optimizer, element)
+                for s in state_shapes)
+    scratch = optimizer_step_scratch(state_shapes, levers, element)
+    # the activations of one micro-batch: the middle layer repeated
+    grads_kept = run.keep_gradients or levers.sharding in ("ddp", "zero1")
+    first = segments(config, run, levers, device.kind, with_gradients=grads_kept)
+    peak_first, net_first, saved = synthesise(first, table.layers)
+    later = (segments(config, run, levers, device.kind, with_gradients=True)
+             if run.accumulation > 1 and not grads_kept else first)
+    peak_later, _, _ = synthesise(later, table.layers)
+    copies = first.copies_other + table.layers * first.copies_per_layer
+    # FSDP2 gathers whole weights: every group's from forward to backward when it keeps
+    # them, else the group in use and the one prefetched (lesson 06)
+    gathered = 0
+    if levers.sharding.startswith("fsdp"):
+        group_bytes = [sum(_shard_shape(s, n)[0] * math.prod(s[1:]) for s in g) * n
+                       * element for g in table.groups]
+        if levers.sharding == "fsdp":
+            gathered = sum(group_bytes)
+        else:
+            gathered = group_bytes[-1] + 2 * max(group_bytes[:-1])
+    base = weights + state
+    # the fake run's gradients are whole; under FSDP each device keeps its shard
+    whole_gradients = table.count * element
+    phases = {}
+    if grads_kept:
+        phases["forward and backward"] = base + gradients + peak_first + gathered
+    else:
+        # the first micro-batch makes the gradients (FSDP: then reduce-scatters them)
+        made = whole_gradients if not levers.sharding.startswith("fsdp") else 0
+        phases["forward and backward"] = base + peak_first + gathered - (
+            0 if made else 0)
+        if run.accumulation > 1:
+            phases["later micro-batches"] = base + gradients + peak_later + gathered
+    phases["optimizer step"] = base + gradients + scratch
+    peak_phase = max(phases, key=phases.get)
+    peak = int(phases[peak_phase])
+    activations = max(saved - copies, 0)
+    parts = {"weights": int(weights), "gradients": int(gradients),
+             "optimizer state": int(state), "activations": int(activations),
+             "autocast weight copies": int(copies)}
+    # what the step holds for a moment beyond them (0 where the parts themselves never
+    # all exist at once: the peak is then below their sum)
+    parts["transient"] = int(max(peak - base - gradients - activations - copies, 0))
+    reserved = peak
+    if device.allocator_rounding:
+        reserved = _reserved(peak, table, levers, run)
+    sent = sent_bytes_per_step(table, run, levers)
+    flops_micro = _micro_flops(first, table.layers)
+    flops = flops_micro * run.accumulation
+    total = reserved + device.context_bytes
+    return Plan(parts=parts, peak_bytes=peak, reserved_bytes=int(reserved),
+                total_bytes=int(total), fits=total <= device.memory_bytes,
+                sent_bytes=sent,
+                link_seconds=(sent / device.link_bytes_per_s
+                              if device.link_bytes_per_s else math.inf),
+                flops=int(flops),
+                compute_seconds=(flops / device.peak_flops
+                                 if device.peak_flops else math.inf),
+                parameters=table.count, levers=levers, run=run, device=device,
+                peak_phase=peak_phase, phases={k: int(v) for k, v in phases.items()})
+
+
+def _micro_flops(seg, layers):
+    f = seg.flops
+    return int(sum(f.values()) - f["F1"] - f["B1"]
+               + (layers - 2) * (f["F1"] + f["B1"]))
+
+
+def _reserved(peak, table, levers, run):
+    """The caching allocator's reserve at the peak, the one rule for every plan: the
+    live peak, plus each parameter-sized block (weights, gradients and two optimizer
+    state tensors per parameter) rounded up as the allocator rounds it
+    (``_round_allocation``). Fragmentation is not modelled."""
+    element = _dtype_bytes(levers)
+    rounded = sum(_round_allocation(math.prod(s) * element) - math.prod(s) * element
+                  for s in table.shapes)
+    return peak + 4 * rounded
+
+
+# --- the command ---------------------------------------------------------------------
+
+def parse_bytes(text):
+    """'80GB' -> 80e9, '80GiB' -> 80 * 2**30, '16000MB' -> 16e9; bytes as a number."""
+    units = {"gib": GiB, "mib": MiB, "gb": 10**9, "mb": 10**6, "tb": 10**12, "b": 1}
+    lowered = str(text).strip().lower().replace(" ", "")
+    for unit in sorted(units, key=len, reverse=True):
+        if lowered.endswith(unit):
+            number = lowered[: -len(unit)]
+            break
+    else:
+        unit, number = "b", lowered
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"cannot read {text!r} as a size: write e.g. 80GB, 80GiB or "
+                         "16000MB") from None
+    if value <= 0:
+        raise ValueError(f"a memory size must be positive, got {text!r}")
+    return value * units[unit]
+
+
+def lever_combinations(levers):
+    """Every combination of the levers a learner can pull on the same devices."""
+    shardings = (["none"] if levers.devices == 1 else
+                 ["ddp", "zero1", "fsdp", "fsdp-reshard"])
+    for checkpointing, precision, optimizer, sharding in itertools.product(
+            (False, True), ("float32", "bfloat16", "bfloat16-pure"),
+            ("adamw", "adamw8bit", "adafactor"), shardings):
+        yield dataclasses.replace(levers, checkpointing=checkpointing,
+                                  precision=precision, optimizer=optimizer,
+                                  sharding=sharding, local_sgd_every=None)
+
+
+# what each lever costs, in the course's order: first what costs nothing, then time,
+# then what may change the training's result
+OPTIMIZER_RISK = {"adamw": 0, "adamw8bit": 1, "adafactor": 2, "sgd": 3}
+PRECISION_RISK = {"float32": 0, "bfloat16": 0, "float16": 0, "bfloat16-pure": 1}
+
+
+def cheapest_fitting(model, run, levers, device, count=5):
+    """The ``count`` cheapest combinations that fit: fewest changes to the training's
+    result first (optimizer, then bfloat16 end to end), then the shortest step
+    (compute plus communication)."""
+    fitting = []
+    for candidate in lever_combinations(levers):
+        result = plan(model, run, candidate, device)
+        if result.fits:
+            seconds = result.compute_seconds + result.link_seconds
+            fitting.append(((OPTIMIZER_RISK[candidate.optimizer]
+                             + PRECISION_RISK[candidate.precision]), seconds, result))
+    fitting.sort(key=lambda item: item[:2])
+    return [result for _, _, result in fitting[:count]]
+
+
+def describe_levers(levers):
+    parts = [f"precision {levers.precision}", f"optimizer {levers.optimizer}",
+             "checkpointing" if levers.checkpointing else "no checkpointing"]
+    if levers.devices > 1:
+        parts.append(f"{levers.sharding} on {levers.devices} devices")
+        if levers.local_sgd_every:
+            parts.append(f"Local SGD every {levers.local_sgd_every} steps")
+    return ", ".join(parts)
+
+
+def format_plan(result):
+    lines = [f"{result.parameters:,} parameters; {describe_levers(result.levers)}; "
+             f"micro-batch {result.run.batch} x {result.run.seq} tokens, "
+             f"accumulation {result.run.accumulation}",
+             "per device:"]
+    for name, nbytes in result.parts.items():
+        lines.append(f"  {name:>24}: {nbytes / GiB:9.2f} GiB")
+    lines.append(f"  {'peak (live tensors)':>24}: {result.peak_bytes / GiB:9.2f} GiB "
+                 f"(during the {result.peak_phase})")
+    if result.device.context_bytes:
+        context = result.device.context_bytes / GiB
+        lines.append(f"  {'+ context':>24}: {context:9.2f} GiB")
+    lines.append(f"  {'total':>24}: {result.total_bytes / GiB:9.2f} GiB of "
+                 f"{result.device.memory_bytes / GiB:.2f} GiB")
+    lines.append(f"sent per step: {result.sent_bytes / GiB:.3f} GiB "
+                 f"({result.link_seconds * 1000:.1f} ms on the link); "
+                 f"FLOPs per step: {result.flops:.3e} "
+                 f"({result.compute_seconds * 1000:.1f} ms at peak)")
+    lines.append("verdict: " + ("fits" if result.fits else "does NOT fit"))
+    return "\n".join(lines)
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="python -m helpers.planner",
+        description="Plan one training step: memory per device, bytes sent, FLOPs.")
+    parser.add_argument("--model", required=True,
+                        help="a folder with a Transformers config.json "
+                             "(e.g. data/models/llama-3.1-8b)")
+    parser.add_argument("--batch", type=int, default=1, help="sequences per device "
+                        "and micro-batch")
+    parser.add_argument("--seq", type=int, default=512, help="tokens per sequence")
+    parser.add_argument("--accumulation", type=int, default=1,
+                        help="micro-batches per optimizer step")
+    parser.add_argument("--checkpointing", action="store_true",
+                        help="activation checkpointing on every layer")
+    parser.add_argument("--precision", default="fp32",
+                        help="fp32, bf16 or fp16 (autocast), bf16-pure (bfloat16 end "
+                             "to end)")
+    parser.add_argument("--optimizer", default="adamw",
+                        help=f"one of {', '.join(OPTIMIZERS)}")
+    parser.add_argument("--optimizer-implementation", default="foreach",
+                        help="for-loop, foreach (PyTorch's default on a GPU) or fused")
+    parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--sharding", default=None,
+                        help=f"one of {', '.join(SHARDINGS)} (default: none on 1 "
+                             "device, ddp on more)")
+    parser.add_argument("--local-sgd", type=int, default=None, metavar="K",
+                        help="with ddp: average the weights every K steps")
+    parser.add_argument("--reentrant-checkpointing", action="store_true",
+                        help="checkpoint with use_reentrant=True (the default until "
+                             "PyTorch 2.4) instead of non-reentrant")
+    parser.add_argument("--attention", default="sdpa", help="sdpa or eager")
+    parser.add_argument("--gpu-memory", default="80GB", help="e.g. 80GB, 80GiB")
+    parser.add_argument("--context", default="1343MiB",
+                        help="memory the runtime takes before any tensor (default: the "
+                             "CUDA context Transformers' docs measured on a V100)")
+    parser.add_argument("--link", default="100GB", help="link bandwidth per second "
+                        "per device, e.g. 100GB (NVLink-class) or 50GB")
+    parser.add_argument("--peak-tflops", type=float, default=312.0,
+                        help="peak throughput in TFLOP/s (default: A100 bfloat16)")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        sharding = args.sharding or ("none" if args.devices == 1 else "ddp")
+        run = Run(batch=args.batch, seq=args.seq, accumulation=args.accumulation,
+                  attention=args.attention,
+                  reentrant_checkpointing=args.reentrant_checkpointing)
+        levers = Levers(checkpointing=args.checkpointing, precision=args.precision,
+                        optimizer=args.optimizer,
+                        optimizer_implementation=args.optimizer_implementation,
+                        sharding=sharding, devices=args.devices,
+                        local_sgd_every=args.local_sgd)
+        if args.peak_tflops <= 0:
+            raise ValueError("--peak-tflops must be positive")
+        device = Device(memory_bytes=parse_bytes(args.gpu_memory),
+                        context_bytes=parse_bytes(args.context),
+                        link_bytes_per_s=parse_bytes(args.link),
+                        peak_flops=args.peak_tflops * 10**12)
+        load_config(args.model)
+    except (ValueError, FileNotFoundError) as error:
+        parser.error(str(error))
+    started = time.perf_counter()
+    result = plan(args.model, run, levers, device)
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=2))
+        return 0
+    print(format_plan(result))
+    print()
+    print("cheapest lever combinations that fit (fewest changes to the result first, "
+          "then the shortest step):")
+    options = cheapest_fitting(args.model, run, levers, device)
+    if not options:
+        print("  none: more devices, a shorter sequence or a smaller micro-batch")
+    for option in options:
+        print(f"  {describe_levers(option.levers)}: "
+              f"{option.total_bytes / GiB:.1f} GiB, step "
+              f"~{(option.compute_seconds + option.link_seconds) * 1000:.0f} ms")
+    print(f"(planned in {time.perf_counter() - started:.1f} s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
