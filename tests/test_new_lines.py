@@ -163,7 +163,8 @@ BREAKS = {
     "a line of lesson 2 moved out of its block": (
         2, " " * 16 + "optimizer.zero_grad()", " " * 12 + "optimizer.zero_grad()"),
     "a rename the docstring does not state": (
-        3, 'its\n    ``CONFIG["max_grad_norm"]`` is ``MAX_GRAD_NORM``.', "and."),
+        3, "``dataloader`` (over epochs) is ``batches``",
+        "``dataloader`` (over epochs)"),
 }
 
 
