@@ -141,6 +141,18 @@ def test_a_check_that_trains_leaves_the_learners_random_numbers_alone():
         lambda: l2.check_fixed_loop.verdict(fixed_loop)) == draws_after_seeding()
 
 
+def test_2_4_a_number_returned_is_named_not_blamed_on_a_raise():
+    """The second tester: `.item()` returned a float, and the check said "calling
+    step_mean_loss raised AttributeError ... run it on its own" (Trainer raised)."""
+    def as_float(outputs, labels, num_items_in_batch):
+        return (F.cross_entropy(outputs.logits, labels, reduction="sum")
+                / num_items_in_batch).item()
+
+    verdict = check(l2.UNEVEN, as_float)
+    assert_verdict(verdict, WRONG, "returned a float, not a tensor", "a tensor")
+    assert "raised" not in verdict.message and "on its own" not in verdict.message
+
+
 def test_2_4_a_none_returned_is_named_by_where_it_came_from():
     """Issue 44: `return outputs.loss` (None: Trainer took the labels out) was told
     "did you forget `return`?"."""

@@ -60,8 +60,7 @@ def test_4_2_training_budget():
                    "2 + 2 + 4 + 8 = 16 bytes per parameter", "100.4 GiB", "2 GPUs")
     assert_verdict(check(l4.TRAINING_BUDGET, {**budget_of(n), "weights": 3 * n}),
                    WRONG, "intended answer: weights 3. Hint: in bytes per parameter")
-    for form in (16 * n, {"weights": 2 * n},
-                 {**budget_of(n), "fits on one 80 GiB GPU": "no"}):
+    for form in (16 * n, {"weights": 2 * n}):  # "fits" as "no": named, test below
         assert_verdict(check(l4.TRAINING_BUDGET, form), WRONG, "should be a dict")
     assert_verdict(l4.check_training_memory.verdict(
         {**budget_of(n), "fits on one 80 GiB GPU": ...}), NOT_DONE)
@@ -132,6 +131,19 @@ def test_4_4_adafactor_and_8bit_state():
     assert_verdict(verdict(lambda shapes, momentum: 1, unfinished), WRONG,
                    "adafactor_state_bytes gave 1 bytes")
 
+
+
+def test_4_2_bytes_per_parameter_and_a_fits_not_a_bool_are_named():
+    """The second tester: 2, 2, 4, 8 with "fits" False (rightly) got "Hint: in bytes
+    per parameter"; "fits" as 'no' was cut from the message before it showed."""
+    per_parameter = {**dict(zip(l4.PARTS, (2, 2, 4, 8))), l4.FITS: False}
+    verdict = check(l4.TRAINING_BUDGET, per_parameter)
+    assert_verdict(verdict, WRONG, "those are bytes per parameter", "multiply by")
+    n = sum(math.prod(shape) for shape in l4.llama_shapes(**l4.LLAMA_2_7B))
+    said_no = {**{part: b for part, b in budget_of(n).items() if part in l4.PARTS},
+               l4.FITS: "no"}
+    assert_verdict(check(l4.TRAINING_BUDGET, said_no), WRONG,
+                   f"{l4.FITS!r} is 'no': give True or False")
 
 
 def test_4_2_a_budget_in_gib_or_mb_is_named_as_such():

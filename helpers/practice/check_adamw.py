@@ -114,10 +114,11 @@ def mixed_precision_budget():
 def measure_budget(answer, config):
     """The parts in bytes per parameter of Llama-2-7B, and whether they fit."""
     budget = core.learner(answer) if callable(answer) else answer
-    if not (isinstance(budget, dict) and set(PARTS) <= set(budget) and "bool" in str(
-            getattr(budget.get(FITS), "dtype", type(budget.get(FITS))))):  # NumPy's too
+    if not (isinstance(budget, dict) and {*PARTS, FITS} <= set(budget)):
         raise core.Wrong(f"training_bytes should be a dict of the bytes of {PARTS}, "
                          f"and {FITS!r}: True or False; it is {budget!r:.80}.")
+    if "bool" not in str(getattr(budget[FITS], "dtype", type(budget[FITS]))):  # NumPy's
+        raise core.Wrong(f"{FITS!r} is {budget[FITS]!r}: give True or False.")
     per_parameter = {part: core.as_number(budget[part], f"training_bytes[{part!r}]")
                      / N_7B for part in PARTS}  # in GiB, MB...: core.in_units says so
     return {**per_parameter, FITS: bool(budget[FITS])}
@@ -140,8 +141,8 @@ def budget_correct(per_parameter, config):
 
 TRAINING_BUDGET = core.Exercise(
     "4.2", measure_budget, mixed_precision_budget, name="training_bytes", mistakes=[
-        (f"those are bytes per parameter: multiply by the {N_7B:,} parameters.",
-         budget(n=1)),
+        *[(f"those are bytes per parameter: multiply by the {N_7B:,} parameters.",
+           budget(n=1, fits=fits)) for fits in (None, False)],  # `fits` either way
         ("AdamW's state is like the float32 master weights it updates: 2 x 4 bytes.",
          budget((2, 2, 4, 4))),
         ("a gradient takes its weight's dtype: bfloat16, 2 bytes.",

@@ -222,17 +222,21 @@ def compare_with_bigger_batches(loop):
 def none_said(step_mean_loss):
     """``step_mean_loss``, whose None says which None: outputs.loss, or no return."""
     def loss(outputs, labels, num_items_in_batch):
-        if (value := step_mean_loss(outputs, labels, num_items_in_batch)) is not None:
+        value = step_mean_loss(outputs, labels, num_items_in_batch)
+        if torch.is_tensor(value):
             return value
         tree = core.source_tree(step_mean_loss) or ast.Module(body=[])
-        if tree.body and not any(isinstance(node, ast.Lambda) or isinstance(
-                node, ast.Return) and node.value for node in ast.walk(tree)):
+        returns = any(isinstance(node, ast.Lambda) or isinstance(node, ast.Return)
+                      and node.value for node in ast.walk(tree))
+        if value is None and tree.body and not returns:
             raise core.Wrong("step_mean_loss returned None: it has no `return` of a "
                              "value. Hint: return the loss.")
-        raise core.Wrong("step_mean_loss returned None" + (
+        said = "None" if value is None else f"a {type(value).__name__}, not a tensor"
+        raise core.Wrong(f"step_mean_loss returned {said}" + (  # Trainer backward()s it
             ", which is outputs.loss: Trainer takes the labels out of the batch "
             "before the forward. Hint: compute the loss from outputs.logits and labels."
-            if outputs.loss is None else ". Hint: return the loss, a tensor."))
+            if value is None and outputs.loss is None else ". Hint: return the loss, a "
+            "tensor."))
     return loss
 
 
