@@ -226,9 +226,8 @@ def none_said(step_mean_loss):
         if torch.is_tensor(value):
             return value
         tree = core.source_tree(step_mean_loss) or ast.Module(body=[])
-        returns = any(isinstance(node, ast.Lambda) or isinstance(node, ast.Return)
-                      and node.value for node in ast.walk(tree))
-        if value is None and tree.body and not returns:
+        if value is None and tree.body and not any(isinstance(n, ast.Lambda) or (
+                isinstance(n, ast.Return) and n.value) for n in ast.walk(tree)):
             raise core.Wrong("step_mean_loss returned None: it has no `return` of a "
                              "value. Hint: return the loss.")
         said = "None" if value is None else f"a {type(value).__name__}, not a tensor"
