@@ -89,9 +89,11 @@ def summary_table(measured, expected, findings):
     """A lesson's summary as a table a person reads: what was measured, and its value on
     this machine (lesson 01 on).
 
-    ``findings`` maps a measured name to ``(what it means, format)``, in the order the
-    table shows them: a few words a learner reads ("memory kept for backward, off / on")
-    and a ``str.format`` pattern for the value ("{:.1f}x less"). Ranges and verdicts
+    ``findings`` maps a measured name to ``(what, format)`` or ``(what, format,
+    meaning)``, in the order the table shows them: a few words a learner reads ("memory
+    kept for backward, off / on"), a ``str.format`` pattern for the value ("{:.1f}x
+    less") and, for a third column, what the value means for a run ("pull it when
+    activations fill the memory"; STYLE 17). Ranges and verdicts
     stay in ``print_measured``'s lines, for the tests (issue 42: none on a slide); a
     value outside its range in ``expected`` is still flagged here, in words. Returns a
     Markdown object, which the notebook shows as a table.
@@ -102,12 +104,19 @@ def summary_table(measured, expected, findings):
     if unknown:
         raise KeyError("findings names values that were not measured: "
                        f"{', '.join(unknown)}")
-    rows = ["| what you measured | on this machine |", "| --- | --- |"]
-    for name, (meaning, pattern) in findings.items():
+    bad = [name for name, row in findings.items() if len(row) not in (2, 3)]
+    if bad:
+        raise ValueError("each finding is (what, format) or (what, format, meaning); "
+                         f"fix: {', '.join(bad)}")
+    with_meaning = any(len(row) == 3 for row in findings.values())
+    header = ["what you measured", "on this machine"] + ["what it means"] * with_meaning
+    rows = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for name, (what, pattern, *meaning) in findings.items():
         value = measured[name]
         shown = pattern.format(value)
         if name in expected and verdict(value, *expected[name]) != IN_RANGE:
             # bold: the eye finds it; the text relies on the range
             shown = f"**{shown}: outside the range the lesson's text relies on**"
-        rows.append(f"| {meaning} | {shown} |")
+        cells = [what, shown] + (meaning or [""]) * with_meaning
+        rows.append("| " + " | ".join(cells) + " |")
     return Markdown("\n".join(rows))

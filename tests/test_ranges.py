@@ -212,6 +212,24 @@ def test_the_summary_table_gives_each_value_its_meaning_and_no_verdict():
     assert not any("in range" in row or "expected" in row for row in table)
 
 
+def test_the_summary_table_says_what_each_value_means_in_a_third_column():
+    from helpers.ranges import summary_table
+
+    table = summary_table(
+        {"ratio": 15.64, "steps": 252}, {},
+        {"ratio": ("less memory kept", "{:.1f}x", "pull it when memory is full"),
+         "steps": ("optimizer steps", "{}")},
+    ).data.splitlines()
+    # STYLE 17: what you measured, here, and what it means; a row without a meaning
+    # leaves its cell empty
+    assert table[0] == "| what you measured | on this machine | what it means |"
+    assert table[1] == "| --- | --- | --- |"
+    assert table[2] == "| less memory kept | 15.6x | pull it when memory is full |"
+    assert table[3] == "| optimizer steps | 252 |  |"
+    with pytest.raises(ValueError, match="fix: steps"):
+        summary_table({"steps": 1}, {}, {"steps": ("optimizer steps",)})
+
+
 def test_the_summary_table_refuses_a_finding_never_measured():
     from helpers.ranges import summary_table
 
