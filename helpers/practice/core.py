@@ -126,9 +126,9 @@ def check(exercise, answer):
             raise NotDone(f"replace each `...` in {exercise.name} {AGAIN}")
         with one_thread(), global_random_state_kept():
             return Verdict(exercise.number, *judge(exercise, answer))
-    except (NotDone, Wrong) as reason:
-        status = NOT_DONE if isinstance(reason, NotDone) else WRONG
-        return Verdict(exercise.number, status, str(reason))
+    except (NotDone, Wrong) as why:
+        return Verdict(exercise.number, WRONG if isinstance(why, Wrong) else NOT_DONE,
+                       str(why))
     except Exception as error:  # the check's own: the learner's arrive as Raised
         return Verdict(exercise.number, CHECK_FAILED, (
             f"this is a bug in the check, not in your answer: {describe_error(error)}, "
@@ -165,11 +165,10 @@ def judge(exercise, answer):
         return WRONG, f"{said}. Hint: " + next(
             (hint for text, hint in exercise.error_hints if text in got.error),
             "run it on its own to see the full error.")
-    if unit := in_units(got, expected, exercise.name):  # bytes in GiB, MB...
-        return WRONG, unit
-    if callable(exercise.describe):
-        return WRONG, exercise.describe(got, expected, config)
-    return WRONG, differences(exercise, got, expected, config)
+    describe = exercise.describe if callable(exercise.describe) else functools.partial(
+        differences, exercise)  # a text describe: the hint after what differs
+    return WRONG, (in_units(got, expected, exercise.name)  # bytes in GiB, MB...
+                   or describe(got, expected, config))
 
 
 def agree(exercise, got, expected):

@@ -58,14 +58,12 @@ def fresh_accelerate_state(states=None):
 def args_with(**settings):
     """make_training_args as a learner writes it: TrainingArguments(``settings``)."""
     from transformers import TrainingArguments
-
     return lambda folder: TrainingArguments(folder, report_to="none", **settings)
 
 
 def learners_arguments(make_training_args):
     """The TrainingArguments the learner's ``make_training_args`` returns (or Wrong)."""
     from transformers import TrainingArguments
-
     with tempfile.TemporaryDirectory() as folder, fresh_accelerate_state():
         return returned(learner(make_training_args, folder), TrainingArguments,
                         "make_training_args")
