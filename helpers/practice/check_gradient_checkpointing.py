@@ -244,13 +244,8 @@ def same_stack(got, expected):
     return core.close(1e-3)(got, expected)
 
 
-def late_binding(blocks, h, segments):  # the lambda reads start and end in backward
-    for start, end in balanced_bounds(len(blocks), segments):
-        h = checkpoint(lambda x: run_blocks(blocks[start:end], x), h,  # noqa: B023
-                       use_reentrant=False)
-    return h
-
-
+SEGMENT = ("h = checkpoint(run_blocks, blocks[start:end], h, "  # 1.4's, in its loop
+           "use_reentrant=use_reentrant)")
 SEGMENTS = core.Exercise(
     "1.4", measure=stack_run, intended=every_segment_checkpointed, same=same_stack,
     configs=((8, 4), (7, 3), (6, 4)), name="checkpointed_forward", mistakes=[
@@ -260,7 +255,8 @@ SEGMENTS = core.Exercise(
                                                            use_reentrant=False)),
         ("a lambda made in the loop reads start and end when backward calls it, after "
          "the loop moved on. Hint: checkpoint(run, blocks[start:end], h, ...).",
-         late_binding),
+         core.edited(every_segment_checkpointed, (SEGMENT, "h = checkpoint(lambda x: "
+                     "run_blocks(blocks[start:end], x), h, use_reentrant=False)"))),
         ("without use_reentrant=False, checkpoint takes the reentrant path, and its "
          "output needs no gradient (PyTorch warned). Hint: use_reentrant=False.",
          functools.partial(every_segment_checkpointed, use_reentrant=None))],

@@ -311,6 +311,21 @@ def where_raised(error):
     return f"{shown}, line {frame.lineno}"
 
 
+def edited(function, *edits):
+    """``function`` as a learner's near miss, defined anew: each edit ``(line, new)``
+    or ``(line, new, levels)`` makes its line ``line`` (indentation aside) ``new``'s
+    lines ("": cut), at its indentation, ``levels`` x 4 spaces deeper (-1: out)."""
+    lines = textwrap.dedent(inspect.getsource(function)).splitlines()
+    for line, new, *levels in edits:
+        if line not in (texts := [text.strip() for text in lines]):
+            raise ValueError(f"{function.__name__} has no line {line!r} to edit")
+        at = texts.index(line)
+        indent = " " * (len(lines[at]) - len(texts[at]) + 4 * sum(levels))
+        lines[at:at + 1] = [indent + text for text in new.splitlines()]
+    exec("\n".join(lines), namespace := dict(function.__globals__))
+    return namespace[function.__name__]
+
+
 def source_tree(function):
     """The syntax tree of ``function``'s source; None where there is none to read."""
     try:

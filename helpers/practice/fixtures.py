@@ -41,7 +41,6 @@ def fixed_batches(batch_size, count):
 def fresh_accelerate_state(states=None):
     """Accelerate's state made ``states`` (or clean); yields the learner's, put back."""
     from accelerate.state import AcceleratorState, PartialState
-
     # Borgs: an instance's __dict__ is its class's _shared_state, so swapping the dicts
     # leaves the learner's Accelerators whole
     classes = (PartialState, AcceleratorState)
@@ -74,7 +73,6 @@ def trainer_run(examples, micro_batch_size, accumulation=1, make_args=None,
     """The Trainer after ``steps`` steps on ``examples`` examples; states put back."""
     from transformers import DataCollatorWithPadding, Trainer
     from transformers.trainer_callback import PrinterCallback
-
     one_step = dict(max_steps=steps, logging_steps=1, save_strategy="no", report_to=[],
                     per_device_train_batch_size=micro_batch_size, disable_tqdm=True,
                     gradient_accumulation_steps=accumulation, eval_strategy="no",
@@ -99,11 +97,3 @@ def trainer_run(examples, micro_batch_size, accumulation=1, make_args=None,
 def logged_losses(trainer):  # the training losses, one per optimizer step
     return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
 
-
-def accelerate_loop(accelerator, model, optimizer, dataloader):
-    """Lesson 2's Accelerate loop (it returns nothing): 3.1's plain DDP."""
-    for batch in dataloader:
-        with accelerator.accumulate(model):
-            accelerator.backward(model(**batch).loss)
-            optimizer.step()
-            optimizer.zero_grad()
