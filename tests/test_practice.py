@@ -22,7 +22,8 @@ def test_each_practice_notebook_is_made_from_its_solution(stem, read_notebook):
     assert path.read_text(encoding="utf-8") == made, (
         "the practice notebook is not what `make practice` writes from the solution: "
         "edit the solution (an exercise's practice text is its cell's metadata "
-        "\"practice\"), then run `make practice` and `make execute NB=...`")
+        "\"practice\"), then run `make practice` and `make execute NB=...`; a practice "
+        "written by hand: `python tools/make_practice.py --adopt` its solution, once")
     practice = read_notebook(path)["cells"]
     solution = [cell
                 for cell in read_notebook(PRACTICE / f"{stem}_solution.ipynb")["cells"]
@@ -53,6 +54,35 @@ def test_make_practice_leaves_out_the_explanations_and_keeps_unchanged_outputs()
     assert "practice" not in made.cells[0].metadata
     solution.cells[2].source = "check(x, 2)"  # a changed cell waits for make execute
     assert make_practice.practice_from(solution, stored).cells[1].outputs == []
+
+
+def test_adopt_makes_a_hand_written_practice_the_one_made_from_its_solution(
+    tmp_path, monkeypatch
+):
+    import nbformat
+
+    code, text = nbformat.v4.new_code_cell, nbformat.v4.new_markdown_cell
+    exercise = {"tags": ["exercise"]}
+    nbformat.write(nbformat.v4.new_notebook(cells=[
+        text("Solutions", id="s0"), text("Why", id="s1", metadata={"tags": [
+            "explanation"]}), code("x = 1", id="s2", metadata=exercise)]),
+        tmp_path / "01_x_solution.ipynb")
+    nbformat.write(nbformat.v4.new_notebook(cells=[
+        text("Practice", id="p0"), code("x = ...", id="p1", metadata=exercise)]),
+        tmp_path / "01_x_practice.ipynb")
+    catalog = tmp_path / "hi" / "practice" / "01_x_practice.po"
+    catalog.parent.mkdir(parents=True)
+    catalog.write_text('msgctxt "p0"\nmsgid "Practice"\nmsgstr "अभ्यास"\n',
+                       encoding="utf-8")
+    monkeypatch.setattr(make_practice, "LOCALES_DIR", tmp_path)
+    make_practice.adopt(tmp_path / "01_x_solution.ipynb")
+    solution = nbformat.read(tmp_path / "01_x_solution.ipynb", as_version=4)
+    assert [c.metadata.get("practice") for c in solution.cells] == [
+        ["Practice"], None, ["x = ..."]]
+    practice = nbformat.read(tmp_path / "01_x_practice.ipynb", as_version=4)
+    assert [(c.id, c.source) for c in practice.cells] == [("s0", "Practice"),
+                                                          ("s2", "x = ...")]
+    assert 'msgctxt "s0"' in catalog.read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("stem", LESSONS)

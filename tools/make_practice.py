@@ -11,6 +11,9 @@ notebook's outputs while its source is unchanged, and has none until it is run a
 
     python tools/make_practice.py           # write every practice notebook
     python tools/make_practice.py --check   # list the ones out of date; exit status 1
+    python tools/make_practice.py --adopt NN_x_solution.ipynb  # once, for a practice
+        # written by hand: its texts into the solution's metadata, its cell ids (and its
+        # catalogs' keys in locales/*/practice) made the solution's, then written
 """
 import argparse
 import copy
@@ -22,6 +25,7 @@ import nbformat
 from helpers.paths import REPO_ROOT
 
 PRACTICE_DIR = REPO_ROOT / "notebooks" / "practice"
+LOCALES_DIR = REPO_ROOT / "locales"
 STUB = "practice"  # a solution cell's metadata key: its text in the practice notebook
 SOLUTION_ONLY = "explanation"  # the tag of a cell left out of the practice notebook
 
@@ -56,13 +60,43 @@ def made_text(solution_path):
     return path, nbformat.writes(made) + "\n"
 
 
+def adopt(solution_path):
+    """Make a hand-written practice notebook one that ``practice_from`` writes."""
+    path = practice_path(solution_path)
+    solution, practice = (nbformat.read(p, as_version=4) for p in (solution_path, path))
+    shared = [cell for cell in solution.cells
+              if SOLUTION_ONLY not in cell.metadata.get("tags", [])]
+    if [(c.cell_type, c.metadata) for c in shared] != [
+            (c.cell_type, c.metadata) for c in practice.cells]:
+        sys.exit(f"{path.name}: its cells are not the solution's, but for the "
+                 f"{SOLUTION_ONLY} cells: align them by hand first")
+    renamed = {}
+    for mine, theirs in zip(practice.cells, shared):
+        if mine.source != theirs.source:
+            theirs.metadata[STUB] = mine.source.splitlines(keepends=True)
+        if mine.id != theirs.id:
+            renamed[mine.id], mine.id = theirs.id, theirs.id  # its outputs carry over
+    for catalog in sorted(LOCALES_DIR.glob(f"*/practice/{path.stem}.po")):
+        text = catalog.read_text(encoding="utf-8")
+        for old, new in renamed.items():
+            text = text.replace(f'msgctxt "{old}"\n', f'msgctxt "{new}"\n')
+        catalog.write_text(text, encoding="utf-8")
+    nbformat.write(solution, solution_path)
+    nbformat.write(practice_from(solution, practice), path)
+    print(f"{path.name}: {len(renamed)} cell ids renamed; run `make translations`")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("solutions", nargs="*", type=Path,
                         help="solution notebooks (default: all of notebooks/practice)")
     parser.add_argument("--check", action="store_true",
                         help="write nothing; list the practice notebooks out of date")
+    parser.add_argument("--adopt", action="store_true",
+                        help="once, for practice notebooks written by hand (see above)")
     args = parser.parse_args(argv)
+    if args.adopt:
+        return [adopt(solution.resolve()) for solution in args.solutions] and 0
     stale = []
     for solution in args.solutions or sorted(PRACTICE_DIR.glob("*_solution.ipynb")):
         path, text = made_text(solution.resolve())

@@ -8,7 +8,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, checkpoint_sequ
 from helpers.memory import count_ops, measure_memory
 from helpers.practice import core
 from helpers.practice.core import Wrong
-from helpers.practice.fixtures import fixed_batches, tiny_model
+from helpers.practice.fixtures import GatedBlock, fixed_batches, tiny_model
 from helpers.units import KiB
 
 all_close = core.close(rel=1e-5, abs_=1e-6)  # equal gradients, float32 rounding aside
@@ -124,20 +124,6 @@ SWITCH = core.Exercise(
 @core.checker(SWITCH)
 def check_switch_on_checkpointing(switch_on_checkpointing):
     """``switch_on_checkpointing(model)``: the switch, as the colleague wants it."""
-
-
-class GatedBlock(torch.nn.Module):
-    """A residual gated MLP (SwiGLU, as in Llama): h + down(silu(gate(h)) * up(h))."""
-
-    def __init__(self, width, hidden):
-        super().__init__()
-        self.gate_proj = torch.nn.Linear(width, hidden)
-        self.up_proj = torch.nn.Linear(width, hidden)
-        self.down_proj = torch.nn.Linear(hidden, width)
-
-    def forward(self, h):  # h: (rows, width); each Linear runs as aten.addmm
-        gate, up = self.gate_proj(h), self.up_proj(h)  # (rows, hidden) each
-        return h + self.down_proj(torch.nn.functional.silu(gate) * up)
 
 
 def gated_blocks(n_blocks, width, hidden, rows):  # the same at every call

@@ -2,7 +2,6 @@
 import contextlib
 import functools
 import io
-from types import SimpleNamespace
 
 import torch
 from accelerate.local_sgd import LocalSGD
@@ -12,10 +11,10 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from helpers.collectives import CollectiveCounter, weight_gap
 from helpers.launcher import WorkerFailedError, WorkerTimeoutError, run_in_processes
 from helpers.local_sgd import measured
-from helpers.practice import core
+from helpers.practice import core, fixtures
 from helpers.training import LEARNING_RATE
 
-FEATURES, HIDDEN, WIDER, CLASSES, MICRO_BATCH = 8, 16, 24, 2, 4
+HIDDEN, WIDER, MICRO_BATCH = 16, 24, 4  # SmallClassifier's width, the wider one's
 INPUT_SCALE = 6.0  # every gradient's norm then exceeds 1: clipping at 1.0 changes it
 # Right and wrong apart: a float32 sum's order moves gradients 1e-7 of the largest, a
 # misplaced line 50 %+; weights LR/100 (AdamW hides scaling); a float32 mean, 1e-7.
@@ -27,22 +26,9 @@ SAME_COLLECTIVES = ("every process must issue the same collectives in the same o
 NEVER_JOINED_HINT = (("a process never joined", SAME_COLLECTIVES),)  # 3.3's and 3.4's
 
 
-class SmallClassifier(torch.nn.Sequential):
-    """Linear layers with dropout (so model.eval() matters): ``model(**batch).loss``."""
-
-    def __init__(self, hidden=HIDDEN):
-        linear, relu, drop = torch.nn.Linear, torch.nn.ReLU, torch.nn.Dropout(0.1)
-        super().__init__(linear(FEATURES, hidden), relu(), drop, linear(hidden, hidden),
-                         relu(), drop, linear(hidden, CLASSES))
-
-    def forward(self, inputs, labels):
-        logits = super().forward(inputs)
-        return SimpleNamespace(loss=torch.nn.functional.cross_entropy(logits, labels))
-
-
 with torch.device("meta"):  # sizes only: the learner's random numbers stay undrawn
-    BYTES = {hidden: 4 * sum(p.numel() for p in SmallClassifier(hidden).parameters())
-             for hidden in (HIDDEN, WIDER)}  # of float32 parameters: 1,800 and 3,464
+    BYTES = {h: 4 * sum(p.numel() for p in fixtures.SmallClassifier(h).parameters())
+             for h in (HIDDEN, WIDER)}  # of float32 parameters: 1,800 and 3,464
 P, P_WIDER = BYTES.values()
 # 3.1: (steps, k, bytes of parameters); 3.2: (micro-batches, accumulation, k, bytes)
 STEP_CASES = [(16, 8, P), (12, 8, P), (5, 8, P), (3, 1, P), (10, 3, P_WIDER)]
@@ -75,8 +61,9 @@ def run_loop(accelerator, loop, m=None, accumulation=1, hidden=HIDDEN):
     accelerator.gradient_accumulation_steps = accumulation
     accelerator.step = 0  # Accelerate's count towards the next step: an earlier run's
     torch.manual_seed(0)  # in the worker: the notebook's generators are not touched
-    model = SmallClassifier(hidden)
-    x = INPUT_SCALE * torch.randn(m * MICRO_BATCH * accelerator.num_processes, FEATURES)
+    model = fixtures.SmallClassifier(hidden)
+    x = INPUT_SCALE * torch.randn(m * MICRO_BATCH * accelerator.num_processes,
+                                  model[0].in_features)
     examples = [{"inputs": row, "labels": (row[0] + row[1] > 0).long()} for row in x]
     model, optimizer, loader = accelerator.prepare(
         model, torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE),
@@ -273,7 +260,7 @@ def probe(accelerator, average):
     n, rank = accelerator.num_processes, accelerator.process_index
     holds, dtypes, sent = [], set(), []
     for hidden, size in BYTES.items():
-        model = SmallClassifier(hidden)  # not wrapped in DDP: its set-up takes time
+        model = fixtures.SmallClassifier(hidden)  # not in DDP: its set-up takes time
         own = torch.randn(n, size // 4, generator=torch.Generator().manual_seed(0))
         vector_to_parameters(own[rank].clone(), model.parameters())  # views of a copy
         with CollectiveCounter() as counter:

@@ -9,27 +9,9 @@ from helpers.mixed_precision import DtypeCounter, dtype_name
 from helpers.models import flat_parameters
 from helpers.optimizer_state import optimizer_state_size
 from helpers.practice import core, fixtures
-from helpers.practice.fixtures import ON_CPU, args_with
+from helpers.practice.fixtures import ON_CPU, SmallNet, args_with
 
 SCALE_EXPONENT = 20  # a high start on purpose: the first steps overflow, are skipped
-
-
-class SmallNet(torch.nn.Module):
-    """Exercise 5.1's model: embedding, Linear, GELU, LayerNorm, Linear, softmax."""
-
-    def __init__(self, vocabulary=50, width=16, hidden=64, classes=4):
-        super().__init__()
-        self.embedding = torch.nn.Embedding(vocabulary, width)
-        self.up = torch.nn.Linear(width, hidden)
-        self.norm = torch.nn.LayerNorm(hidden)
-        self.down = torch.nn.Linear(hidden, classes)
-
-    def forward(self, tokens, targets):
-        h = self.embedding(tokens)  # (batch, width)
-        h = torch.nn.functional.gelu(self.up(h))  # (batch, hidden)
-        h = self.norm(h)
-        probabilities = self.down(h).softmax(dim=-1)  # (batch, classes)
-        return torch.nn.functional.mse_loss(probabilities, targets)
 
 
 WHY_5_1 = {  # operation: (its dtype under CPU autocast to bfloat16, why)
