@@ -1,5 +1,5 @@
-"""What the practice checks run answers on (toy models at the foot), on the GPU where
-there is one as in the lessons: Accelerate refuses use_cpu=True after a GPU one."""
+"""What the practice checks (lessons 01-06) run answers on, toy models included, on the
+GPU if any, as the lessons: Accelerate refuses use_cpu=True after a GPU Accelerator."""
 import contextlib
 import functools
 import gc
