@@ -14,7 +14,7 @@ LAB_ARGS ?=
 TORCH_INDEX ?=
 TORCH_INDEX_TIMEOUT ?= 20
 
-.PHONY: install lab lint test test-other-cpu test-gpu execute bench run-twice reference data slides handout translations clean torch-from-index validate-planner
+.PHONY: install lab lint test test-other-cpu test-gpu execute bench run-twice reference data slides handout translations practice clean torch-from-index validate-planner
 
 install: $(INSTALLED) $(if $(TORCH_INDEX),torch-from-index)
 
@@ -99,6 +99,11 @@ data: $(INSTALLED)
 # see tools/build_slides.py.
 slides: $(INSTALLED)
 	$(PY) tools/build_slides.py
+
+# Each practice notebook written from its solution notebook, the one source (an exercise's `...` version is
+# its cell's metadata "practice"); then `make execute NB=...` on a practice notebook whose code changed.
+practice: $(INSTALLED)
+	$(PY) tools/make_practice.py
 
 # The Hindi and Turkish notebooks (notebooks/hi, notebooks/tr) from the English ones and the catalogs in
 # locales/: the catalogs follow the English first (changed cells become fuzzy), then the notebooks are

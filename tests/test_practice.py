@@ -1,33 +1,88 @@
-"""The practice notebooks (notebooks/practice/): each practice and its solution agree
-outside the exercises, each solution says why its answer works, each check answers in
-both. The checks themselves: tests/test_practice_core.py and tests/test_practice_0N.py.
+"""The practice notebooks (notebooks/practice/): each practice notebook is what
+`make practice` (tools/make_practice.py) writes from its solution, each solution says
+why its answer works, each check answers in both. The checks themselves:
+tests/test_practice_core.py and tests/test_practice_0N.py.
 """
 import re
 
 import pytest
 
 from helpers.paths import REPO_ROOT
+from tests.tool_scripts import load_tool
 
 PRACTICE = REPO_ROOT / "notebooks" / "practice"
 LESSONS = ["01_gradient_checkpointing", "02_trainer_and_accelerator", "03_local_sgd",
            "04_adamw", "05_mixed_precision", "06_sharding"]
+make_practice = load_tool("make_practice")
 
 
 @pytest.mark.parametrize("stem", LESSONS)
-def test_practice_and_solution_differ_only_in_the_exercise_cells(stem, read_notebook):
-    practice = read_notebook(PRACTICE / f"{stem}_practice.ipynb")["cells"]
-    solution = [cell  # each solution's "Why this works" is in the solution only
+def test_each_practice_notebook_is_made_from_its_solution(stem, read_notebook):
+    path, made = make_practice.made_text(PRACTICE / f"{stem}_solution.ipynb")
+    assert path.read_text(encoding="utf-8") == made, (
+        "the practice notebook is not what `make practice` writes from the solution: "
+        "edit the solution (an exercise's practice text is its cell's metadata "
+        "\"practice\"), then run `make practice` and `make execute NB=...`; a practice "
+        "written by hand: `python tools/make_practice.py --adopt` its solution, once")
+    practice = read_notebook(path)["cells"]
+    solution = [cell
                 for cell in read_notebook(PRACTICE / f"{stem}_solution.ipynb")["cells"]
                 if "explanation" not in cell["metadata"].get("tags", [])]
-    assert len(practice) == len(solution)
-    for p, s in zip(practice, solution):
-        tags = p["metadata"].get("tags", [])
-        assert tags == s["metadata"].get("tags", [])
-        if "exercise" in tags:
+    for p, s in zip(practice, solution, strict=True):
+        if "exercise" in p["metadata"].get("tags", []):
             assert "..." in "".join(p["source"]) and "..." not in "".join(s["source"])
-        elif "intro" not in tags:
-            assert p["source"] == s["source"], ("a shared cell was edited in only one "
-                                                "of the two notebooks")
+        elif "intro" not in p["metadata"].get("tags", []):
+            assert p["source"] == s["source"], "a practice text on a shared cell"
+
+
+def test_make_practice_leaves_out_the_explanations_and_keeps_unchanged_outputs():
+    import nbformat
+
+    code, said = nbformat.v4.new_code_cell, nbformat.v4.new_output
+    why = nbformat.v4.new_markdown_cell("Why", metadata={"tags": ["explanation"]})
+    solution = nbformat.v4.new_notebook(cells=[
+        why, code("x = 1", id="answer", metadata={"practice": ["x = ...\n", "# fill"]}),
+        code("check(x)", id="check", outputs=[said("stream", text="correct")])])
+    not_done = [said("stream", text="not done yet")]
+    stored = nbformat.v4.new_notebook(cells=[
+        code("x = ...\n# fill", id="answer", execution_count=1),
+        code("check(x)", id="check", execution_count=2, outputs=not_done),
+        code("old", id="gone")])
+    made = make_practice.practice_from(solution, stored)
+    assert [(c.id, c.source, c.outputs, c.execution_count) for c in made.cells] == [
+        ("answer", "x = ...\n# fill", [], 1), ("check", "check(x)", not_done, 2)]
+    assert "practice" not in made.cells[0].metadata
+    solution.cells[2].source = "check(x, 2)"  # a changed cell waits for make execute
+    assert make_practice.practice_from(solution, stored).cells[1].outputs == []
+
+
+def test_adopt_makes_a_hand_written_practice_the_one_made_from_its_solution(
+    tmp_path, monkeypatch
+):
+    import nbformat
+
+    code, text = nbformat.v4.new_code_cell, nbformat.v4.new_markdown_cell
+    exercise = {"tags": ["exercise"]}
+    nbformat.write(nbformat.v4.new_notebook(cells=[
+        text("Solutions", id="s0"), text("Why", id="s1", metadata={"tags": [
+            "explanation"]}), code("x = 1", id="s2", metadata=exercise)]),
+        tmp_path / "01_x_solution.ipynb")
+    nbformat.write(nbformat.v4.new_notebook(cells=[
+        text("Practice", id="p0"), code("x = ...", id="p1", metadata=exercise)]),
+        tmp_path / "01_x_practice.ipynb")
+    catalog = tmp_path / "hi" / "practice" / "01_x_practice.po"
+    catalog.parent.mkdir(parents=True)
+    catalog.write_text('msgctxt "p0"\nmsgid "Practice"\nmsgstr "अभ्यास"\n',
+                       encoding="utf-8")
+    monkeypatch.setattr(make_practice, "LOCALES_DIR", tmp_path)
+    make_practice.adopt(tmp_path / "01_x_solution.ipynb")
+    solution = nbformat.read(tmp_path / "01_x_solution.ipynb", as_version=4)
+    assert [c.metadata.get("practice") for c in solution.cells] == [
+        ["Practice"], None, ["x = ..."]]
+    practice = nbformat.read(tmp_path / "01_x_practice.ipynb", as_version=4)
+    assert [(c.id, c.source) for c in practice.cells] == [("s0", "Practice"),
+                                                          ("s2", "x = ...")]
+    assert 'msgctxt "s0"' in catalog.read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("stem", LESSONS)

@@ -87,14 +87,13 @@ def fixed_with_accumulate(accelerator, model, optimizer, dataloader):
 
 
 def test_2_3_fixed_loop(capsys):
-    assert_judged(l2.LOOP, l2.accumulate_by_hand(l2.DIVIDED, False),
-                  fixed_with_accumulate)
-    hard_coded_2 = l2.accumulate_by_hand(  # divides by 2, not by the accumulation
-        lambda accelerator, loss: (loss / 2).backward(), False)
+    assert_judged(l2.LOOP, l2.miss(l2.DIVIDED, l2.AFTER_A_STEP), fixed_with_accumulate)
+    hard_coded_2 = l2.miss(  # divides by 2, not by the accumulation
+        (l2.BACKWARD, "(loss / 2).backward()"), l2.AFTER_A_STEP)
     assert_verdict(check(l2.LOOP, hard_coded_2), WRONG, "with gradient_accumulation_"
                    "steps=3, what differs from the intended answer: weights")
     assert_verdict(l2.check_fixed_loop.verdict(unfinished), NOT_DONE)
-    l2.compare_with_bigger_batches(l2.accumulate_by_hand(l2.PLAIN))
+    l2.compare_with_bigger_batches(l2.accumulate_by_hand)
     assert capsys.readouterr().out.splitlines() == [
         "optimizer steps: 2 (2 plain steps on batches of 16: 2)",
         "weights equal to those of 2 plain SGD steps on batches of 16: False",
@@ -135,7 +134,7 @@ def test_2_4_step_mean_loss():
 
 def test_a_check_that_trains_leaves_the_learners_random_numbers_alone():
     def fixed_loop(*args):
-        return l2.accumulate_by_hand(l2.DIVIDED, False)(*args)
+        return l2.miss(l2.DIVIDED, l2.AFTER_A_STEP)(*args)
 
     assert draws_after_seeding(
         lambda: l2.check_fixed_loop.verdict(fixed_loop)) == draws_after_seeding()

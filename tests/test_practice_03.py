@@ -12,7 +12,7 @@ from practice_support import assert_judged, assert_verdict, draws_after_seeding
 
 from helpers.practice import check_local_sgd as l3
 from helpers.practice import core
-from helpers.practice.core import CORRECT, NOT_DONE, WRONG, check
+from helpers.practice.core import CORRECT, NOT_DONE, WRONG, check, edited
 
 
 def test_3_3_names_an_unfinished_loop_and_one_that_raises():
@@ -102,7 +102,7 @@ def copied_by_hand(accelerator, model):
 def test_3_3_and_3_4_right_answers_written_otherwise_measure_as_the_intended_ones():
     """In one launch on 2 processes: 3.4's check runs 3 only to tell a mistake apart
     (dividing by 2)."""
-    loops = [fixed_with_enumerate, l3.from_source(l3.FIXED_LOOP, ("model.train()", ""))]
+    loops = [fixed_with_enumerate, edited(l3.fixed_train_loop, ("model.train()", ""))]
     averages = [l3.AVERAGING.intended, all_reduce_then_divide, copied_by_hand]
     *runs, intended, averaged, copied = l3.launch(
         [(l3.run_loop, loop) for loop in loops] + [(l3.probe, f) for f in averages])

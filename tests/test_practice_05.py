@@ -1,4 +1,5 @@
 """Practice 5 (mixed precision): right answers pass, and mistakes get their hints."""
+import inspect
 from fractions import Fraction
 
 import numpy as np
@@ -10,6 +11,7 @@ from practice_support import assert_judged, assert_verdict, draws_after_seeding
 from transformers import TrainingArguments
 
 from helpers.practice import check_mixed_precision as l5
+from helpers.practice import core
 from helpers.practice.core import WRONG, cached_outcome, check, one_thread, outcome
 from helpers.practice.fixtures import ON_CPU
 
@@ -117,9 +119,16 @@ def test_5_4_judges_loops_by_the_weights_they_train_with_a_tolerance_in_the_gap(
             assert right < 1e-4 and min(w for w in wrong if w > 0) > 1e-2
 
 
-STEP = dict(zip("scale unscale clip step update zero".split(),  # the intended lines
-                l5.INTENDED_STEPS.splitlines(True)),
-            backward="loss.backward()\n", optimizer_step="optimizer.step()\n")
+LINES = inspect.getsource(l5.train_float16).splitlines()
+INTENDED = [line.strip() for line in LINES[4:]]  # its 6 steps, after the forward
+STEP = dict(zip("scale unscale clip step update zero".split(), INTENDED),
+            backward="loss.backward()", optimizer_step="optimizer.step()")
+
+
+def loop_of(steps):
+    """5.4's intended loop with ``steps`` (names of STEP) in place of its 6 steps."""
+    return core.edited(l5.train_float16, *[(line, "") for line in INTENDED[1:]],
+                       (INTENDED[0], "\n".join(STEP[step] for step in steps.split())))
 
 
 @pytest.mark.parametrize("steps, fragments", [
@@ -131,7 +140,7 @@ STEP = dict(zip("scale unscale clip step update zero".split(),  # the intended l
     ("", ["with max_grad_norm=1.0, what differs from the intended answer: steps 0"]),
 ])
 def test_5_4_hints_name_only_what_the_loop_did(steps, fragments):
-    loop = l5.float16_loop(steps="".join(STEP[step] for step in steps.split()))
+    loop = loop_of(steps)
     verdict = check(l5.FLOAT16_LOOP, loop)
     assert_verdict(verdict, WRONG, *fragments)
     assert "never clipped" not in verdict.message
@@ -158,8 +167,7 @@ def test_5_2_an_accelerator_made_earlier_in_the_notebook_passes_and_still_works(
 def test_5_4_zero_grad_before_scaler_step_gets_its_own_hint():
     """Issue 44: optimizer.zero_grad() between clipping and scaler.step was told
     "unscale_ before clip_grad_norm_", which the learner did."""
-    loop = l5.float16_loop(steps="".join(STEP[s] for s in "scale unscale clip".split())
-                           + STEP["zero"] + STEP["step"] + STEP["update"])
+    loop = loop_of("scale unscale clip zero step update")
     verdict = check(l5.FLOAT16_LOOP, loop)
     assert_verdict(verdict, WRONG, "zero_grad() ran before scaler.step(optimizer)")
     assert "unscale_" not in verdict.message

@@ -138,3 +138,24 @@ def test_warnings_explained_are_caught_and_all_others_shown_even_after_an_error(
             warnings.warn("shown anyway", UserWarning, stacklevel=1)
             raise ValueError
     assert [str(w.message) for w in shown] == ["something else", "shown anyway"]
+
+
+def doubled_and_counted(values):  # a toy intended answer for core.edited
+    total, count = 0, 0
+    for value in values:
+        total += 2 * value
+        count += 1
+    return total, count
+
+
+def test_a_near_miss_is_the_intended_answer_edited_line_by_line():
+    cut = core.edited(doubled_and_counted, ("count += 1", ""))
+    two_lines = core.edited(doubled_and_counted, ("total += 2 * value", (
+        "if value > 0:\n    total += 2 * value")))
+    out_of_the_loop = core.edited(doubled_and_counted, ("count += 1", "count += 1", -1))
+    assert doubled_and_counted([1, -2, 3]) == (4, 3)
+    assert (cut([1, -2, 3]), two_lines([1, -2, 3]), out_of_the_loop([1, -2, 3])) == (
+        (4, 0), (8, 3), (4, 1))
+    assert cut is not doubled_and_counted  # defined anew beside it, not replaced
+    with pytest.raises(ValueError, match="has no line 'count \\+= 2' to edit"):
+        core.edited(doubled_and_counted, ("count += 2", ""))

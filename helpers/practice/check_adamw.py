@@ -214,7 +214,6 @@ def check_fixed_step(fixed_step):
 
 def adafactor_after_step(shapes, momentum):
     from transformers.optimization import Adafactor
-
     return one_step(lambda params: Adafactor(params, lr=1e-3, scale_parameter=False,
                     relative_step=False, beta1=0.9 if momentum else None), shapes)
 
@@ -223,7 +222,6 @@ def adamw8bit_after_step(shapes):
     # as in the lesson: its import warns, on CPUs with AVX512-BF16, of a 4-bit kernel
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     import bitsandbytes
-
     return one_step(bitsandbytes.optim.AdamW8bit, shapes)
 
 

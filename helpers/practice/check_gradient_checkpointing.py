@@ -8,7 +8,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, checkpoint_sequ
 from helpers.memory import count_ops, measure_memory
 from helpers.practice import core
 from helpers.practice.core import Wrong
-from helpers.practice.fixtures import fixed_batches, tiny_model
+from helpers.practice.fixtures import GatedBlock, fixed_batches, tiny_model
 from helpers.units import KiB
 
 all_close = core.close(rel=1e-5, abs_=1e-6)  # equal gradients, float32 rounding aside
@@ -126,20 +126,6 @@ def check_switch_on_checkpointing(switch_on_checkpointing):
     """``switch_on_checkpointing(model)``: the switch, as the colleague wants it."""
 
 
-class GatedBlock(torch.nn.Module):
-    """A residual gated MLP (SwiGLU, as in Llama): h + down(silu(gate(h)) * up(h))."""
-
-    def __init__(self, width, hidden):
-        super().__init__()
-        self.gate_proj = torch.nn.Linear(width, hidden)
-        self.up_proj = torch.nn.Linear(width, hidden)
-        self.down_proj = torch.nn.Linear(hidden, width)
-
-    def forward(self, h):  # h: (rows, width); each Linear runs as aten.addmm
-        gate, up = self.gate_proj(h), self.up_proj(h)  # (rows, hidden) each
-        return h + self.down_proj(torch.nn.functional.silu(gate) * up)
-
-
 def gated_blocks(n_blocks, width, hidden, rows):  # the same at every call
     torch.manual_seed(0)  # check() puts the learner's random state back
     blocks = torch.nn.ModuleList(GatedBlock(width, hidden) for _ in range(n_blocks))
@@ -244,13 +230,8 @@ def same_stack(got, expected):
     return core.close(1e-3)(got, expected)
 
 
-def late_binding(blocks, h, segments):  # the lambda reads start and end in backward
-    for start, end in balanced_bounds(len(blocks), segments):
-        h = checkpoint(lambda x: run_blocks(blocks[start:end], x), h,  # noqa: B023
-                       use_reentrant=False)
-    return h
-
-
+SEGMENT = ("h = checkpoint(run_blocks, blocks[start:end], h, "  # 1.4's, in its loop
+           "use_reentrant=use_reentrant)")
 SEGMENTS = core.Exercise(
     "1.4", measure=stack_run, intended=every_segment_checkpointed, same=same_stack,
     configs=((8, 4), (7, 3), (6, 4)), name="checkpointed_forward", mistakes=[
@@ -260,7 +241,8 @@ SEGMENTS = core.Exercise(
                                                            use_reentrant=False)),
         ("a lambda made in the loop reads start and end when backward calls it, after "
          "the loop moved on. Hint: checkpoint(run, blocks[start:end], h, ...).",
-         late_binding),
+         core.edited(every_segment_checkpointed, (SEGMENT, "h = checkpoint(lambda x: "
+                     "run_blocks(blocks[start:end], x), h, use_reentrant=False)"))),
         ("without use_reentrant=False, checkpoint takes the reentrant path, and its "
          "output needs no gradient (PyTorch warned). Hint: use_reentrant=False.",
          functools.partial(every_segment_checkpointed, use_reentrant=None))],

@@ -1,7 +1,7 @@
 """Practice 3's checks (lesson 03): answers run on 2 real processes (3 in 3.4)."""
 import contextlib
+import functools
 import io
-from types import SimpleNamespace
 
 import torch
 from accelerate.local_sgd import LocalSGD
@@ -11,11 +11,10 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from helpers.collectives import CollectiveCounter, weight_gap
 from helpers.launcher import WorkerFailedError, WorkerTimeoutError, run_in_processes
 from helpers.local_sgd import measured
-from helpers.practice import core
-from helpers.practice.fixtures import accelerate_loop as ddp_loop  # no LocalSGD
+from helpers.practice import core, fixtures
 from helpers.training import LEARNING_RATE
 
-FEATURES, HIDDEN, WIDER, CLASSES, MICRO_BATCH = 8, 16, 24, 2, 4
+HIDDEN, WIDER, MICRO_BATCH = 16, 24, 4  # SmallClassifier's width, the wider one's
 INPUT_SCALE = 6.0  # every gradient's norm then exceeds 1: clipping at 1.0 changes it
 # Right and wrong apart: a float32 sum's order moves gradients 1e-7 of the largest, a
 # misplaced line 50 %+; weights LR/100 (AdamW hides scaling); a float32 mean, 1e-7.
@@ -27,30 +26,20 @@ SAME_COLLECTIVES = ("every process must issue the same collectives in the same o
 NEVER_JOINED_HINT = (("a process never joined", SAME_COLLECTIVES),)  # 3.3's and 3.4's
 
 
-class SmallClassifier(torch.nn.Sequential):
-    """Linear layers with dropout (so model.eval() matters): ``model(**batch).loss``."""
-
-    def __init__(self, hidden=HIDDEN):
-        linear, relu, drop = torch.nn.Linear, torch.nn.ReLU, torch.nn.Dropout(0.1)
-        super().__init__(linear(FEATURES, hidden), relu(), drop, linear(hidden, hidden),
-                         relu(), drop, linear(hidden, CLASSES))
-
-    def forward(self, inputs, labels):
-        logits = super().forward(inputs)
-        return SimpleNamespace(loss=torch.nn.functional.cross_entropy(logits, labels))
-
-
 with torch.device("meta"):  # sizes only: the learner's random numbers stay undrawn
-    BYTES = {hidden: 4 * sum(p.numel() for p in SmallClassifier(hidden).parameters())
-             for hidden in (HIDDEN, WIDER)}  # of float32 parameters: 1,800 and 3,464
+    BYTES = {h: 4 * sum(p.numel() for p in fixtures.SmallClassifier(h).parameters())
+             for h in (HIDDEN, WIDER)}  # of float32 parameters: 1,800 and 3,464
 P, P_WIDER = BYTES.values()
 # 3.1: (steps, k, bytes of parameters); 3.2: (micro-batches, accumulation, k, bytes)
 STEP_CASES = [(16, 8, P), (12, 8, P), (5, 8, P), (3, 1, P), (10, 3, P_WIDER)]
 ACCUMULATION_CASES = [(12, 4, 3, P), (12, 2, 5, P), (18, 3, 4, P_WIDER)]
-FIXED_LOOP = """
-def fixed_train_loop(accelerator, model, optimizer, dataloader):
-    with LocalSGD(accelerator=accelerator, model=model, local_sgd_steps=8,
-                  enabled=True) as local_sgd:
+
+
+def fixed_train_loop(accelerator, model, optimizer, dataloader, local_sgd_steps=8,
+                     enabled=True):
+    """3.3's intended answer; lesson 3's loop for 3.1 and 3.2 (enabled=False: DDP)."""
+    with LocalSGD(accelerator=accelerator, model=model, local_sgd_steps=local_sgd_steps,
+                  enabled=enabled) as local_sgd:
         model.train()
         for batch in dataloader:
             with accelerator.accumulate(model):
@@ -59,14 +48,10 @@ def fixed_train_loop(accelerator, model, optimizer, dataloader):
                 optimizer.step()
                 optimizer.zero_grad()
                 local_sgd.step()
-"""  # 3.3's intended answer; lesson 3's loop, for 3.1 and 3.2, with another k
 
 
-def from_source(source, *edits):  # what source defines, each (old, new) edit made
-    for old, new in edits:
-        source = source.replace(old, new)
-    exec(source, namespace := {"torch": torch, "LocalSGD": LocalSGD})
-    return namespace[source.split("def ", 1)[1].split("(", 1)[0]]
+FOR, OUTPUTS = "for batch in dataloader:", "outputs = model(**batch)"
+DDP_LOOP = functools.partial(fixed_train_loop, enabled=False)  # LocalSGD off: plain DDP
 
 
 def run_loop(accelerator, loop, m=None, accumulation=1, hidden=HIDDEN):
@@ -76,8 +61,9 @@ def run_loop(accelerator, loop, m=None, accumulation=1, hidden=HIDDEN):
     accelerator.gradient_accumulation_steps = accumulation
     accelerator.step = 0  # Accelerate's count towards the next step: an earlier run's
     torch.manual_seed(0)  # in the worker: the notebook's generators are not touched
-    model = SmallClassifier(hidden)
-    x = INPUT_SCALE * torch.randn(m * MICRO_BATCH * accelerator.num_processes, FEATURES)
+    model = fixtures.SmallClassifier(hidden)
+    x = INPUT_SCALE * torch.randn(m * MICRO_BATCH * accelerator.num_processes,
+                                  model[0].in_features)
     examples = [{"inputs": row, "labels": (row[0] + row[1] > 0).long()} for row in x]
     model, optimizer, loader = accelerator.prepare(
         model, torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE),
@@ -130,6 +116,8 @@ def launch(jobs, processes=2):
 def launched(measure, answer, processes=2):
     """``measure(accelerator, answer)`` on process 0, launched with the LISTED left."""
     job = (measure, answer)  # last: an answer that upsets the processes spoils no other
+    if _noting:  # LISTED being made (the foot of this file): the job noted, not run
+        return LISTED[processes].append(job) or 0
     todo = [j for j in dict.fromkeys([*LISTED[processes], job]) if j not in _kept]
     _kept.update(zip(todo, launch(todo, processes) if todo else []))
     result = _kept[job] if job in LISTED[processes] else _kept.pop(job)
@@ -141,7 +129,7 @@ def launched(measure, answer, processes=2):
 def bytes_sent(accelerator, case):
     """The bytes lesson 3's loop (DDP's, where k is None) all-reduced."""
     m, a, k, p = case
-    loop = from_source(FIXED_LOOP, ("=8", f"={k}")) if k else ddp_loop
+    loop = functools.partial(fixed_train_loop, local_sgd_steps=k, enabled=bool(k))
     run = run_loop(accelerator, loop, m, a, HIDDEN if p == P else WIDER)
     return sum(size for _, _, size in run["sent"])
 
@@ -209,11 +197,10 @@ def difference(mine, its):
     return "" if same else "its final weights differ"
 
 
-LINE = "\n" + " " * 16  # a new line of the loop's body; STEP_FIRST: the colleague's
-STEP_FIRST = ((f"zero_grad(){LINE}local_sgd.step()", "zero_grad()"),
-              ("optimizer.step()", f"local_sgd.step(){LINE}optimizer.step()"))
+STEP_FIRST = (("local_sgd.step()", ""),  # the colleague's
+              ("optimizer.step()", "local_sgd.step()\noptimizer.step()"))
 FIX = core.Exercise(
-    number="3.3", name="fixed_train_loop", intended=from_source(FIXED_LOOP),
+    number="3.3", name="fixed_train_loop", intended=fixed_train_loop,
     measure=lambda answer, config: launched(run_loop, answer),
     same=lambda got, expected: not any(map(difference, got, expected)),
     describe=lambda got, expected, config: next(
@@ -228,15 +215,15 @@ FIX = core.Exercise(
              "accumulation 4 on 8 micro-batches)."), mistakes=[
         ("the for loop runs after the `with LocalSGD(...)` block: entering it switches "
          "DDP's gradient all-reduce off, leaving it averages. Hint: indent the loop.",
-         from_source(FIXED_LOOP, ("        for batch", "    for batch"), *STEP_FIRST)),
+         core.edited(fixed_train_loop, *STEP_FIRST, (FOR, FOR, -1))),  # -1: dedented
         ("the parameters are averaged before the optimizer step, so each worker then "
          "takes its own step and the weights differ at once. Hint: call "
          "local_sgd.step() after optimizer.step().",
-         from_source(FIXED_LOOP, *STEP_FIRST)),
+         core.edited(fixed_train_loop, *STEP_FIRST)),
         ("zero_grad before backward clears the gradients between the micro-batches a "
          "step accumulates. Hint: call it after optimizer.step().",
-         from_source(FIXED_LOOP, (" " * 16 + "optimizer.zero_grad()\n", ""),
-                     ("outputs =", "optimizer.zero_grad()" + LINE + "outputs =")))])
+         core.edited(fixed_train_loop, ("optimizer.zero_grad()", ""),
+                     (OUTPUTS, "optimizer.zero_grad()\n" + OUTPUTS)))])
 
 
 @core.checker(FIX)
@@ -250,7 +237,7 @@ check_fixed_loop = check_fixed_local_sgd_loop  # the name practice 3's notebooks
 def show_communication(train_loop):
     """Run ``train_loop`` as 3.3's check does: what it all-reduced, step by step."""
     run, ddp = launch([(lambda acc, loop: run_loop(acc, loop, *FIX_SETUPS[0]), loop)
-                       for loop in (train_loop, ddp_loop)])
+                       for loop in (train_loop, DDP_LOOP)])
     if "raised" in run:
         return print(f"{train_loop.__name__} raised {run['raised']}")
     print(f"{train_loop.__name__} on 2 processes, {FIX_SETUPS[0][0]} micro-batches, "
@@ -273,7 +260,7 @@ def probe(accelerator, average):
     n, rank = accelerator.num_processes, accelerator.process_index
     holds, dtypes, sent = [], set(), []
     for hidden, size in BYTES.items():
-        model = SmallClassifier(hidden)  # not wrapped in DDP: its set-up takes time
+        model = fixtures.SmallClassifier(hidden)  # not in DDP: its set-up takes time
         own = torch.randn(n, size // 4, generator=torch.Generator().manual_seed(0))
         vector_to_parameters(own[rank].clone(), model.parameters())  # views of a copy
         with CollectiveCounter() as counter:
@@ -295,17 +282,18 @@ def probe(accelerator, average):
             "dtypes": sorted(dtypes), "collectives": sent}
 
 
-AVERAGE = """
-def average_parameters(accelerator, model):
+def average_parameters(accelerator, model):  # 3.4's intended answer
     with torch.no_grad():
         flat = torch.nn.utils.parameters_to_vector(model.parameters())
         flat = accelerator.reduce(flat, reduction="mean")
         torch.nn.utils.vector_to_parameters(flat, model.parameters())
-"""
-REDUCE = 'accelerator.reduce(flat, reduction="mean")'
+
+
+REDUCE = 'flat = accelerator.reduce(flat, reduction="mean")'
 COPY_BACK = "torch.nn.utils.vector_to_parameters(flat, model.parameters())"
+miss = functools.partial(core.edited, average_parameters)  # a near miss of 3.4's
 AVERAGING = core.Exercise(
-    number="3.4", name="average_parameters", intended=from_source(AVERAGE),
+    number="3.4", name="average_parameters", intended=average_parameters,
     measure=lambda answer, config: launched(probe, answer, 3),
     error_hints=NEVER_JOINED_HINT,
     describe=("every parameter should end as its mean over the processes, in float32, "
@@ -316,23 +304,21 @@ AVERAGING = core.Exercise(
              "barrier."), mistakes=[
         ("the parameters hold the sum over the processes, not the mean: "
          "accelerator.reduce sums unless told. Hint: reduction=\"mean\".",
-         from_source(AVERAGE, (REDUCE, "accelerator.reduce(flat)"))),
+         miss((REDUCE, "flat = accelerator.reduce(flat)"))),
         ("the parameters hold the sum divided by 2, but this check runs 3 processes. "
          "Hint: divide by accelerator.num_processes.",
-         from_source(AVERAGE, (REDUCE, "accelerator.reduce(flat) / 2"))),
+         miss((REDUCE, "flat = accelerator.reduce(flat) / 2"))),
         ("your function left the parameters as they were: it averaged a flat copy "
          "(parameters_to_vector makes one). Hint: copy it back (vector_to_parameters).",
-         from_source(AVERAGE, (COPY_BACK, ""))),
+         miss((COPY_BACK, ""))),
         ("only process 0's parameters hold the mean; the others kept their own: "
          "every process must copy the mean back. Hint: no `if accelerator."
          "is_main_process:` around vector_to_parameters.",
-         from_source(AVERAGE, (COPY_BACK, "if accelerator.is_main_process:\n"
-                               "            " + COPY_BACK))),
+         miss((COPY_BACK, "if accelerator.is_main_process:\n    " + COPY_BACK))),
         ("you all-reduce one tensor at a time, as LocalSGD does. Hint: put all the "
          "parameters in one flat tensor first (parameters_to_vector).",
-         from_source(AVERAGE, (REDUCE, "flat"), (
-             COPY_BACK, "for p in model.parameters():\n"
-             "            p.copy_(accelerator.reduce(p, reduction='mean'))")))])
+         miss((REDUCE, ""), (COPY_BACK, "for p in model.parameters():\n    p.copy_("
+                                        "accelerator.reduce(p, reduction='mean'))")))])
 
 
 @core.checker(AVERAGING)
@@ -340,9 +326,10 @@ def check_average_parameters(average_parameters):
     """``average_parameters(accelerator, model)``."""
 
 
-LISTED = {  # what launched() measures on 2 or 3 processes, in one launch a kernel
-    2: [(bytes_sent, (s, 1, k, p)) for s, k, p in STEP_CASES]
-    + [(bytes_sent, (m, a, kk, p)) for m, a, k, p in ACCUMULATION_CASES
-       for kk in (None, k)]
-    + [(run_loop, f) for f in (FIX.intended, *dict(FIX.mistakes).values())],
-    3: [(probe, f) for f in (AVERAGING.intended, *dict(AVERAGING.mistakes).values())]}
+LISTED, _noting = {2: [], 3: []}, True  # launched()'s jobs for every known answer
+for exercise in [v for v in list(globals().values()) if isinstance(v, core.Exercise)]:
+    for answer in (exercise.intended, *[wrong for _, wrong in exercise.mistakes]):
+        for config in exercise.configs:  # 3.1's and 3.2's intended answers launch too
+            exercise.measure(answer, config)
+del exercise, answer, config
+_noting = False  # from now on, the first launch of a kernel runs LISTED's jobs

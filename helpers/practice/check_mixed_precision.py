@@ -9,30 +9,9 @@ from helpers.mixed_precision import DtypeCounter, dtype_name
 from helpers.models import flat_parameters
 from helpers.optimizer_state import optimizer_state_size
 from helpers.practice import core, fixtures
-from helpers.practice.fixtures import ON_CPU, args_with
+from helpers.practice.fixtures import ON_CPU, SmallNet, args_with
 
 SCALE_EXPONENT = 20  # a high start on purpose: the first steps overflow, are skipped
-INTENDED_STEPS = ("scaler.scale(loss).backward()\nscaler.unscale_(optimizer)\n"
-                  "torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)\n"
-                  "scaler.step(optimizer)\nscaler.update()\noptimizer.zero_grad()\n")
-
-
-class SmallNet(torch.nn.Module):
-    """Exercise 5.1's model: embedding, Linear, GELU, LayerNorm, Linear, softmax."""
-
-    def __init__(self, vocabulary=50, width=16, hidden=64, classes=4):
-        super().__init__()
-        self.embedding = torch.nn.Embedding(vocabulary, width)
-        self.up = torch.nn.Linear(width, hidden)
-        self.norm = torch.nn.LayerNorm(hidden)
-        self.down = torch.nn.Linear(hidden, classes)
-
-    def forward(self, tokens, targets):
-        h = self.embedding(tokens)  # (batch, width)
-        h = torch.nn.functional.gelu(self.up(h))  # (batch, hidden)
-        h = self.norm(h)
-        probabilities = self.down(h).softmax(dim=-1)  # (batch, classes)
-        return torch.nn.functional.mse_loss(probabilities, targets)
 
 
 WHY_5_1 = {  # operation: (its dtype under CPU autocast to bfloat16, why)
@@ -180,16 +159,22 @@ def check_bytes_per_parameter(pure_bf16_adamw_bytes, accelerate_bf16_sgd_bytes):
     """Bytes per parameter held between steps by two recipes."""
 
 
-def float16_loop(old="", new="", steps=INTENDED_STEPS):
-    """A learner's ``train_float16``: ``old`` in ``steps`` made ``new``, or cut out."""
-    namespace = {"torch": torch}
-    exec("def train_float16(model, optimizer, scaler, batches, max_grad_norm):\n"
-         "    for batch in batches:\n"
-         "        with torch.autocast(model.device.type, dtype=torch.float16):\n"
-         "            loss = model(**batch).loss\n" + "".join(
-             " " * 8 + line.replace(old, new) for line in steps.splitlines(True)
-             if not old or new or old not in line), namespace)
-    return namespace["train_float16"]
+def train_float16(model, optimizer, scaler, batches, max_grad_norm):  # 5.4's intended
+    for batch in batches:
+        with torch.autocast(model.device.type, dtype=torch.float16):
+            loss = model(**batch).loss
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+
+
+CLIP = "torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)"
+UNSCALE, STEP, ZERO = ("scaler.unscale_(optimizer)", "scaler.step(optimizer)",
+                       "optimizer.zero_grad()")
+miss = functools.partial(core.edited, train_float16)  # a near miss of 5.4's loop
 
 
 def float16_run(loop, max_grad_norm):
@@ -208,26 +193,25 @@ def float16_run(loop, max_grad_norm):
 
 
 FLOAT16_LOOP = core.Exercise(
-    "5.4", measure=float16_run, intended=float16_loop(), configs=(1.0, 0.25),
+    "5.4", measure=float16_run, intended=train_float16, configs=(1.0, 0.25),
     name="train_float16", label="max_grad_norm={}", mistakes=[
         ("you clipped the scaled gradients, far below max_grad_norm. Hint: scaler."
-         "unscale_(optimizer) before clip_grad_norm_.", float16_loop("unscale_")),
+         "unscale_(optimizer) before clip_grad_norm_.", miss((UNSCALE, ""))),
         ("the gradients were never clipped. Hint: after unscale_, torch.nn.utils."
-         "clip_grad_norm_(model.parameters(), max_grad_norm).", float16_loop("clip")),
+         "clip_grad_norm_(model.parameters(), max_grad_norm).", miss((CLIP, ""))),
         ("you clipped at 1.0, not at max_grad_norm (0.25 here). Hint: clip_grad_norm_("
-         "..., max_grad_norm).", float16_loop("max_grad_norm)", "1.0)")),
+         "..., max_grad_norm).", miss((CLIP, CLIP.replace("max_grad_norm)", "1.0)")))),
         ("clip_grad_value_ clips each element; Trainer clips the norm of all gradients "
-         "together. Hint: clip_grad_norm_.", float16_loop("norm_(", "value_(")),
+         "together. Hint: clip_grad_norm_.",
+         miss((CLIP, CLIP.replace("clip_grad_norm_", "clip_grad_value_")))),
         ("optimizer.step() stepped on overflowed gradients: the weights are NaN. "
          "Hint: scaler.step(optimizer) skips such steps.",
-         float16_loop("scaler.step(optimizer)", "optimizer.step()")),
+         miss((STEP, "optimizer.step()"))),
         ("each step's gradients were added to the previous ones. Hint: "
-         "optimizer.zero_grad() after each step.", float16_loop("zero_grad")),
+         "optimizer.zero_grad() after each step.", miss((ZERO, ""))),
         ("optimizer.zero_grad() ran before scaler.step(optimizer), so each step found "
          "no gradients and left the weights as they were. Hint: zero_grad() last, "
-         "after scaler.update().", float16_loop(steps=INTENDED_STEPS.replace(
-             "optimizer.zero_grad()\n", "").replace("scaler.step", "optimizer."
-                                                      "zero_grad()\nscaler.step")))],
+         "after scaler.update().", miss((ZERO, ""), (STEP, f"{ZERO}\n{STEP}")))],
     # right answers' weights differ by under 2e-5 (float16 amplifies clip_grad_norm_'s
     # 1e-6), a mistake's by 0.05 or more (tests/test_practice_05.py)
     same=core.close(rel=0, abs_=1e-3),

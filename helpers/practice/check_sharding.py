@@ -121,8 +121,7 @@ def loaded_outside_group(path, full):
         model = build_model("tiny", seed=1)  # other weights: the file's replace them
         model.load_state_dict(torch.load(path))
     except Exception as error:  # its first sentence, and what load_state_dict saw
-        said = str(error).strip().splitlines()[1:2] if "state_dict" in str(
-            error) else []
+        said = str(error).strip().splitlines()[1:2] * ("state_dict" in str(error))
         return ": ".join([core.describe_error(error).split(". ")[0].rstrip(":"),
                           *[line.strip().split(":")[0] for line in said]])
     finally:

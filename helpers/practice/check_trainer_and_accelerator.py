@@ -159,41 +159,40 @@ def bigger_batches(accelerator, model, optimizer, dataloader):
     return step_losses
 
 
-def accumulate_by_hand(backward, zero_grad_each_micro_batch=True):
-    """Exercise 2.3's loop (as given: PLAIN, zero_grad after each micro-batch)."""
-    def loop(accelerator, model, optimizer, dataloader):
-        step_losses, losses = [], []
-        for step, batch in enumerate(dataloader):
-            loss = model(**batch).loss
-            backward(accelerator, loss)
-            losses.append(loss.item())
-            if (step + 1) % accelerator.gradient_accumulation_steps == 0:
-                optimizer.step()
-                step_losses.append(sum(losses) / len(losses))
-                losses = []
-            if zero_grad_each_micro_batch or not losses:  # else after a step only
-                optimizer.zero_grad()
-        return step_losses
-    return loop
+def accumulate_by_hand(accelerator, model, optimizer, dataloader):
+    """Exercise 2.3's loop, as given: zero_grad after each micro-batch, no division."""
+    step_losses, losses = [], []
+    for step, batch in enumerate(dataloader):
+        loss = model(**batch).loss
+        loss.backward()
+        losses.append(loss.item())
+        if (step + 1) % accelerator.gradient_accumulation_steps == 0:
+            optimizer.step()
+            step_losses.append(sum(losses) / len(losses))
+            losses = []
+        optimizer.zero_grad()
+    return step_losses
 
 
-PLAIN, DIVIDED = (lambda accelerator, loss: loss.backward(),
-                  lambda accelerator, loss: accelerator.backward(loss))
+BACKWARD, ZERO = "loss.backward()", "optimizer.zero_grad()"
+DIVIDED, AFTER_A_STEP = ((BACKWARD, "accelerator.backward(loss)"),  # its two fixes
+                         (ZERO, f"if not losses:\n    {ZERO}"))
+miss = functools.partial(core.edited, accumulate_by_hand)  # a near miss of 2.3's loop
 LOOP = core.Exercise(
     "2.3", measure_loop, bigger_batches, configs=(2, 3), name="fixed_loop",
     label="gradient_accumulation_steps={}", mistakes=[
         ("these are the loop as given: zero_grad() after each micro-batch erased the "
          "one before, and loss.backward() does not divide by the accumulation steps.",
-         accumulate_by_hand(PLAIN)),
+         accumulate_by_hand),
         ("zero_grad() after every micro-batch erased the one before. Hint: reset the "
-         "gradients only after an optimizer step.", accumulate_by_hand(DIVIDED)),
+         "gradients only after an optimizer step.", miss(DIVIDED)),
         ("the gradients were added, not averaged. Hint: accelerator.backward(loss) "
          "divides by the accumulation steps; loss.backward() does not.",
-         accumulate_by_hand(PLAIN, False)),
+         miss(AFTER_A_STEP)),
         ("each gradient was divided twice: accelerator.backward(loss) already divides "
-         "the loss by the accumulation steps.", accumulate_by_hand(
-             lambda accelerator, loss: accelerator.backward(
-                 loss / accelerator.gradient_accumulation_steps), False))],
+         "the loss by the accumulation steps.", miss(AFTER_A_STEP, (
+             BACKWARD,
+             "accelerator.backward(loss / accelerator.gradient_accumulation_steps)")))],
     describe="each step must use the mean gradient of its micro-batches, and return "
     "each step's mean loss.", same=SAME_WEIGHTS,
     correct="4 micro-batches of 8 gave the weights of 2 plain SGD steps on batches of "

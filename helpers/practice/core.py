@@ -126,9 +126,9 @@ def check(exercise, answer):
             raise NotDone(f"replace each `...` in {exercise.name} {AGAIN}")
         with one_thread(), global_random_state_kept():
             return Verdict(exercise.number, *judge(exercise, answer))
-    except (NotDone, Wrong) as reason:
-        status = NOT_DONE if isinstance(reason, NotDone) else WRONG
-        return Verdict(exercise.number, status, str(reason))
+    except (NotDone, Wrong) as why:
+        return Verdict(exercise.number, WRONG if isinstance(why, Wrong) else NOT_DONE,
+                       str(why))
     except Exception as error:  # the check's own: the learner's arrive as Raised
         return Verdict(exercise.number, CHECK_FAILED, (
             f"this is a bug in the check, not in your answer: {describe_error(error)}, "
@@ -165,11 +165,10 @@ def judge(exercise, answer):
         return WRONG, f"{said}. Hint: " + next(
             (hint for text, hint in exercise.error_hints if text in got.error),
             "run it on its own to see the full error.")
-    if unit := in_units(got, expected, exercise.name):  # bytes in GiB, MB...
-        return WRONG, unit
-    if callable(exercise.describe):
-        return WRONG, exercise.describe(got, expected, config)
-    return WRONG, differences(exercise, got, expected, config)
+    describe = exercise.describe if callable(exercise.describe) else functools.partial(
+        differences, exercise)  # a text describe: the hint after what differs
+    return WRONG, (in_units(got, expected, exercise.name)  # bytes in GiB, MB...
+                   or describe(got, expected, config))
 
 
 def agree(exercise, got, expected):
@@ -310,6 +309,21 @@ def where_raised(error):
     shown = (path.relative_to(REPO_ROOT).as_posix() if path.is_relative_to(REPO_ROOT)
              else frame.filename)
     return f"{shown}, line {frame.lineno}"
+
+
+def edited(function, *edits):
+    """``function`` as a learner's near miss, defined anew: each edit ``(line, new)``
+    or ``(line, new, levels)`` makes its line ``line`` (indentation aside) ``new``'s
+    lines ("": cut), at its indentation, ``levels`` x 4 spaces deeper (-1: out)."""
+    lines = textwrap.dedent(inspect.getsource(function)).splitlines()
+    for line, new, *levels in edits:
+        if line not in (texts := [text.strip() for text in lines]):
+            raise ValueError(f"{function.__name__} has no line {line!r} to edit")
+        at = texts.index(line)
+        indent = " " * (len(lines[at]) - len(texts[at]) + 4 * sum(levels))
+        lines[at:at + 1] = [indent + text for text in new.splitlines()]
+    exec("\n".join(lines), namespace := dict(function.__globals__))
+    return namespace[function.__name__]
 
 
 def source_tree(function):
