@@ -14,8 +14,16 @@ outside its range prints ``OUT OF RANGE`` and fails the suite on any machine.
 """
 import math
 import numbers
+import re
 
 IN_RANGE, OUT_OF_RANGE = "in range", "OUT OF RANGE"
+# The summary's contract, in one place: print_measured writes it; make bench, make
+# reference, make run-twice, the tests and nbval's sanitizer read it with what follows.
+SUMMARY_HEADER = "Measured in this lesson"  # the line above a summary's values
+OUTSIDE_TEXT = "outside the range"  # in every warning that a value fell outside
+# a range-checked line's value; tests/nbval_sanitize.cfg holds this pair (a test checks)
+MEASURED_VALUE = (r"(\w+): -?(\d+(\.\d*)?|nan|inf)  \(expected",
+                  r"\1: MEASURED  (expected")
 
 
 def range_text(low, high):
@@ -71,7 +79,7 @@ def print_measured(measured, expected, digits=3):
     if unknown:
         raise KeyError("EXPECTED names values that were not measured: "
                        f"{', '.join(sorted(unknown))}")
-    print("Measured in this lesson")
+    print(SUMMARY_HEADER)
     outside = []
     for name, value in measured.items():
         line = measured_line(name, value, expected.get(name), digits)
@@ -79,10 +87,30 @@ def print_measured(measured, expected, digits=3):
             outside.append(name)
         print(line)
     if outside:
-        print(f"{len(outside)} value(s) outside the range this lesson expects: the "
+        print(f"{len(outside)} value(s) {OUTSIDE_TEXT} this lesson expects: the "
               "text above may not hold on "
               "this machine. Re-run the lesson; if it persists, report the lines "
               "above to the course maintainers.")
+
+
+def parse_value(text):
+    """What ``measured_line`` printed after ``name: ``, read back: ``(value, range,
+    verdict)`` as texts; an exact value has no range and no verdict (None).
+
+    >>> parse_value("0.833  (expected 0.75 to 1): in range")
+    ('0.833', 'expected 0.75 to 1', 'in range')
+    """
+    found = re.fullmatch(r"(.*)  \((expected [^)]*)\): (.*)", text.strip())
+    return found.groups() if found else (text.strip(), None, None)
+
+
+def summary_lines(text):
+    """``{name: what was printed after "name: "}`` for the lines a summary printed
+    below its ``SUMMARY_HEADER``; {} when ``text`` holds no summary."""
+    if SUMMARY_HEADER not in text:
+        return {}
+    lines = text.split(SUMMARY_HEADER, 1)[1].strip().splitlines()
+    return dict(line.split(": ", 1) for line in lines if ": " in line)
 
 
 def summary_table(measured, expected, findings):
@@ -116,7 +144,7 @@ def summary_table(measured, expected, findings):
         shown = pattern.format(value)
         if name in expected and verdict(value, *expected[name]) != IN_RANGE:
             # bold: the eye finds it; the text relies on the range
-            shown = f"**{shown}: outside the range the lesson's text relies on**"
+            shown = f"**{shown}: {OUTSIDE_TEXT} the lesson's text relies on**"
         cells = [what, shown] + (meaning or [""]) * with_meaning
         rows.append("| " + " | ".join(cells) + " |")
     return Markdown("\n".join(rows))

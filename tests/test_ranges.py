@@ -17,11 +17,16 @@ from tool_scripts import load_tool
 
 from helpers.paths import REPO_ROOT
 from helpers.ranges import (
+    IN_RANGE,
+    MEASURED_VALUE,
     OUT_OF_RANGE,
+    SUMMARY_HEADER,
     in_range,
     measured_line,
+    parse_value,
     print_measured,
     range_text,
+    summary_lines,
 )
 
 SANITIZER = REPO_ROOT / "tests" / "nbval_sanitize.cfg"
@@ -65,6 +70,28 @@ def test_the_sanitizer_hides_the_value_and_keeps_the_verdict():
     assert sanitize(measured_line("a", float("nan"), (0, 1))) == sanitize(
         measured_line("a", 5.0, (0, 1))
     )
+
+
+def test_the_sanitizer_holds_the_summary_contracts_own_pattern():
+    # nbval reads a .cfg, not Python: the pair is written there once, checked here
+    assert MEASURED_VALUE in run_twice.sanitizers()
+
+
+@pytest.mark.parametrize("bounds", [(0.75, 1.0), (7, None), (None, 0.99), None])
+@pytest.mark.parametrize("value", [0.5, 0.9, 12.25, float("nan")])
+def test_every_reader_gets_back_what_the_summary_line_wrote(value, bounds):
+    name, text = measured_line("ratio", value, bounds).split(": ", 1)
+    shown, written_range, written_verdict = parse_value(text)
+    assert name == "ratio"
+    if bounds is None:
+        assert (shown, written_range, written_verdict) == (str(value), None, None)
+    else:
+        assert shown == f"{value:.3f}" and written_range == range_text(*bounds)
+        assert written_verdict == (IN_RANGE if in_range(value, *bounds)
+                                   else OUT_OF_RANGE)
+    printed = f"{SUMMARY_HEADER}\n{name}: {text}\n"
+    assert summary_lines(printed) == {"ratio": text}
+    assert summary_lines("no summary here") == {}
 
 
 @pytest.mark.parametrize("bad", [(None, None), (2, 1)])

@@ -25,10 +25,9 @@ import time
 from pathlib import Path
 
 from helpers.paths import REPO_ROOT
-from helpers.ranges import OUT_OF_RANGE
+from helpers.ranges import OUT_OF_RANGE, SUMMARY_HEADER, parse_value, summary_lines
 
 OUT_DIR = REPO_ROOT / "build" / "bench"
-SUMMARY_HEADER = "Measured in this lesson"
 # issue 16's targets, on 2 cores
 LESSON_TARGET_S, LAB_TARGET_S, PRACTICE_TARGET_S, CELL_TARGET_S = 30, 45, 20, 15
 
@@ -39,8 +38,7 @@ def measured_lines(notebook):
         text = "".join(o.get("text", "") for o in cell.get("outputs", [])
                        if o.get("output_type") == "stream")
         if SUMMARY_HEADER in text:
-            lines = text.split(SUMMARY_HEADER, 1)[1].strip().splitlines()
-            return dict(line.split(": ", 1) for line in lines if ": " in line)
+            return summary_lines(text)
     return {}
 
 
@@ -177,7 +175,8 @@ def main(paths, require_gpu=False):
             print(f"OVER issue 16's time targets: {Path(r['notebook']).stem}: "
                   f"{'; '.join(r['over_targets'])}")
     outside = [f"{Path(r['notebook']).stem} {name}" for r in rows
-               for name, value in r["measured"].items() if value.endswith(OUT_OF_RANGE)]
+               for name, value in r["measured"].items()
+               if parse_value(value)[2] == OUT_OF_RANGE]
     if outside:
         raise SystemExit("bench: measured values outside the lessons' ranges: "
                          f"{', '.join(outside)}")

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench.py, beside thi
 from bench import measured_lines  # noqa: E402
 
 from helpers.paths import REPO_ROOT  # noqa: E402
+from helpers.ranges import SUMMARY_HEADER, parse_value  # noqa: E402
 
 LESSON = REPO_ROOT / "notebooks" / "05_mixed_precision.ipynb"
 LAB = REPO_ROOT / "notebooks" / "05_mixed_precision_lab.ipynb"
@@ -64,11 +65,12 @@ def figures(lines):
     ('0.3957  (expected <= 0.99): in range')."""
     values, verdicts = {}, {}
     for name, text in lines.items():
-        match = NUMBER.match(text.strip())
+        value, _, verdict = parse_value(text)
+        match = NUMBER.match(value)
         if match is None:
             raise ValueError(f"the summary line {name!r} holds no number: {text!r}")
         values[name] = float(match.group(0))
-        verdicts[name] = text.rsplit(": ", 1)[1] if "(expected" in text else "exact"
+        verdicts[name] = verdict or "exact"
     return values, verdicts
 
 
@@ -92,7 +94,7 @@ def main(out_dir):
         printed = measured_lines(notebook)
         if not printed:
             raise SystemExit(f"record_reference: {path.name} printed no summary "
-                             "('Measured in this lesson')")
+                             f"({SUMMARY_HEADER!r})")
         lines.update(printed)
     record = machine()
     record["figures"], record["verdicts"] = figures(lines)

@@ -30,11 +30,10 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
 from helpers.paths import REPO_ROOT
-from helpers.ranges import OUT_OF_RANGE
+from helpers.ranges import OUT_OF_RANGE, OUTSIDE_TEXT
 
 SANITIZER = REPO_ROOT / "tests" / "nbval_sanitize.cfg"
 IGNORE_OUTPUT_TAG = "nbval-ignore-output"
-OUTSIDE_TEXT = "outside the range"  # print_measured's last line when a value is outside
 CELL_TIMEOUT_S = 600  # as `make execute`
 
 
