@@ -288,7 +288,8 @@ def _forked_worker(worker, worker_args, results_path):
     # Wait for every process, then end without destroying the process group: destroying
     # a gloo group joins its worker thread while holding the GIL, and that thread may
     # still be freeing a finished collective's tensors, which needs the GIL (a deadlock
-    # seen about once in ten launches; no test makes it happen on demand).
+    # seen about once in ten launches; it cannot be made to happen on demand:
+    # test_a_worker_ends_without_destroying_its_process_group keeps the destroy out).
     accelerator.wait_for_everyone()
 
 

@@ -5,7 +5,9 @@ import gc
 import logging
 import os
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -90,9 +92,16 @@ def _garbage_before_fork():
         WaitsForTheNotebooksThread()  # made after the launcher's gc.collect()
 
 
-def collects_garbage_and_counts_threads(accelerator):
+def collects_garbage_and_counts_threads(accelerator, destroyed_marker):
     import torch
 
+    destroy = torch.distributed.destroy_process_group
+
+    def noted(*args, **kwargs):  # in this worker process only
+        Path(destroyed_marker).write_text("destroyed")
+        return destroy(*args, **kwargs)
+
+    torch.distributed.destroy_process_group = noted
     gc.collect()
     return torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
 
@@ -102,7 +111,8 @@ def launched_where_each_workaround_is_needed():
     """One launch, checked several ways below, made where each of these workarounds is
     needed: an object made before the fork whose destructor hangs in a worker,
     OMP_NUM_THREADS unset, and something listening on the port asked for, with the
-    retry after a failed launch switched off."""
+    retry after a failed launch switched off. {"result": process 0's, or the timeout
+    error; "destroyed": whether a worker destroyed its process group}."""
     import socket
 
     from helpers import launcher
@@ -113,29 +123,32 @@ def launched_where_each_workaround_is_needed():
             pass  # the launcher's hook registered first: it runs after this one
         os.register_at_fork(before=_garbage_before_fork)
         _garbage_before_fork.registered = True
-    with pytest.MonkeyPatch.context() as patch, socket.socket() as taken:
+    with pytest.MonkeyPatch.context() as patch, socket.socket() as taken, \
+            tempfile.TemporaryDirectory() as folder:
+        marker = Path(folder) / "destroyed"
         patch.delenv("OMP_NUM_THREADS", raising=False)
         patch.setattr(launcher, "is_port_taken", lambda error: False)
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         _garbage_at_fork = True
         try:
-            return run_in_processes(collects_garbage_and_counts_threads, (),
-                                    preload=False, port=taken.getsockname()[1],
-                                    timeout_s=20)
+            result = run_in_processes(collects_garbage_and_counts_threads,
+                                      (str(marker),), preload=False,
+                                      port=taken.getsockname()[1], timeout_s=20)
         except WorkerTimeoutError as error:
-            return error
+            result = error
         finally:
             _garbage_at_fork = False
+        return {"result": result, "destroyed": marker.exists()}
 
 
 def test_objects_made_before_the_fork_are_never_freed_in_a_worker(
         launched_where_each_workaround_is_needed):
     # launcher_fork.frozen_at_fork: without gc.freeze() at the fork, the worker's
     # collector frees the object and the worker hangs in its destructor until stopped
-    assert not isinstance(launched_where_each_workaround_is_needed, Exception), (
-        f"a worker hung freeing an inherited object:\n"
-        f"{launched_where_each_workaround_is_needed}")
+    result = launched_where_each_workaround_is_needed["result"]
+    assert not isinstance(result, Exception), (
+        f"a worker hung freeing an inherited object:\n{result}")
 
 
 def test_workers_get_one_thread_each_without_accelerates_warning(
@@ -145,7 +158,7 @@ def test_workers_get_one_thread_each_without_accelerates_warning(
     # "OMP_NUM_THREADS/MKL_NUM_THREADS unset"), a new stderr warning in the notebook.
     # (Under pytest, a forked worker's warnings go to pytest's record, not to stderr:
     # the test reads the variable the warning depends on.)
-    assert launched_where_each_workaround_is_needed == [1, "1"]
+    assert launched_where_each_workaround_is_needed["result"] == [1, "1"]
 
 
 def test_a_port_something_listens_on_is_replaced_before_the_launch(
@@ -153,4 +166,13 @@ def test_a_port_something_listens_on_is_replaced_before_the_launch(
     # launcher_ports.port_is_busy, without the retry after a failed launch (switched
     # off here): a port taken now is replaced before the processes try it
     # (without it the launch fails with "EADDRINUSE", and the fixture raises that)
-    assert isinstance(launched_where_each_workaround_is_needed, list)
+    assert isinstance(launched_where_each_workaround_is_needed["result"], list)
+
+
+def test_a_worker_ends_without_destroying_its_process_group(
+        launched_where_each_workaround_is_needed):
+    # launcher._forked_worker ends with wait_for_everyone(), not a destroy: destroying
+    # a gloo group joins its thread while holding the GIL, and a deadlock was seen about
+    # once in ten launches (it cannot be made to happen on demand: this test keeps the
+    # destroy from coming back)
+    assert not launched_where_each_workaround_is_needed["destroyed"]
