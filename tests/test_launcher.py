@@ -1,5 +1,8 @@
-"""The notebook launcher of lesson 03 (helpers/launcher.py): real processes, and every
-way a launch can go wrong."""
+"""The notebook launcher of lesson 03 (helpers/launcher.py and its rooms,
+helpers/launcher_*.py): real processes, and every way a launch can go wrong.
+
+Fork hygiene's workarounds that no test here covers are tested in
+tests/test_launcher_workarounds.py."""
 import importlib.util
 import sys
 import time
@@ -9,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from helpers import launcher
+from helpers import launcher, launcher_ports, launcher_watchdog
 from helpers.launcher import WorkerFailedError, WorkerTimeoutError, run_in_processes
 
 
@@ -159,7 +162,7 @@ def test_a_failed_worker_stops_a_peer_stuck_in_c_within_seconds():
 
 
 def test_processes_that_wait_for_another_say_so_and_where_it_is(monkeypatch, capsys):
-    monkeypatch.setattr(launcher, "NOTICE_S", 1)
+    monkeypatch.setattr(launcher_watchdog, "NOTICE_S", 1)
     assert run_in_processes(process_1_arrives_late, (), preload=False) == "all there"
     notice = capsys.readouterr().err
     assert "used no CPU for 1 s" in notice, notice
@@ -222,7 +225,7 @@ def test_a_dead_loopback_interface_fails_fast_with_the_fix(monkeypatch):
     def unreachable(*args, **kwargs):
         raise OSError(101, "Network is unreachable")
 
-    monkeypatch.setattr(launcher.socket, "create_connection", unreachable)
+    monkeypatch.setattr(launcher_ports.socket, "create_connection", unreachable)
     with pytest.raises(RuntimeError, match="ip link set lo up"):
         run_in_processes(reports_who_it_is, ("x",))
 
