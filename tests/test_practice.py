@@ -10,7 +10,7 @@ from helpers.paths import REPO_ROOT
 
 PRACTICE = REPO_ROOT / "notebooks" / "practice"
 LESSONS = ["01_gradient_checkpointing", "02_trainer_and_accelerator", "03_local_sgd",
-           "04_adamw", "05_mixed_precision", "06_sharding"]
+           "04_adamw", "05_mixed_precision", "06_sharding", "07_plan_a_run"]
 
 
 @pytest.mark.parametrize("stem", LESSONS)
