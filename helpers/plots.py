@@ -1048,7 +1048,7 @@ def published_runs_figure(rows):
             if key in row and not _finite_number(row[key]):
                 raise ValueError(f"rows[{i}][{key!r}] must be a finite number (a "
                                  f"signed fraction), got {row[key]!r}")
-    fig = Figure(figsize=(9, 1.4 + 0.38 * len(rows)))
+    fig = Figure(figsize=(10, 0.9 + 0.26 * len(rows)))
     ax = fig.add_subplot()
     names = [row["run"] for row in rows]
     y = list(range(len(rows)))
