@@ -1,5 +1,7 @@
 """Practice 7's checks (lesson 07, plan a run): answers judged by the planner
 (``helpers.planner.plan``) and by a measured forward pass."""
+import functools
+
 import torch
 
 from helpers import planner
@@ -151,6 +153,7 @@ PER_PARAMETER = ("weights", "gradients", "optimizer state")
 FITS = "fits"
 
 
+@functools.cache  # one plan, read by the intended answer and every mistake
 def planned():
     """The planner's plan of the colleague's run."""
     _quiet_transformers()
