@@ -998,6 +998,9 @@ def plan_breakdown_figure(parts, lessons=None, device_bytes=None, title=None):
     ax = fig.add_subplot()
     left = 0.0
     shown = [(name, value) for name, value in parts.items() if value > 0]
+    right = max(total, device_bytes or 0) / scale
+    gap = right * 0.16  # a label's width, about: labels on one side stay this apart
+    last_x = {True: -math.inf, False: -math.inf}  # above, below: the last label's x
     for i, (name, value) in enumerate(shown):
         width = value / scale
         ax.barh(0, width, left=left, color=PLAN_PART_COLOURS.get(name, MUTED),
@@ -1005,10 +1008,18 @@ def plan_breakdown_figure(parts, lessons=None, device_bytes=None, title=None):
         label = f"{name}\n{width:,.1f} {unit}"
         if name in lessons:
             label += f"\n{lessons[name]}"
-        # alternate above and below the bar: narrow parts keep their labels apart
-        ax.annotate(label, (left + width / 2, 0.4 if i % 2 == 0 else -0.4),
-                    xytext=(0, 6 if i % 2 == 0 else -6), textcoords="offset points",
-                    ha="center", va="bottom" if i % 2 == 0 else "top", fontsize=8)
+        # alternate above and below the bar, and push a label right of the last one
+        # on its side: narrow parts keep their labels apart
+        above = i % 2 == 0
+        x = max(left + width / 2, last_x[above] + gap)
+        last_x[above] = x
+        ax.annotate(label, (x, 0.4 if above else -0.4),
+                    xytext=(0, 6 if above else -6), textcoords="offset points",
+                    ha="center", va="bottom" if above else "top", fontsize=8)
+        if x > left + width / 2 + 1e-9:  # a pushed label points at its part
+            ax.plot([left + width / 2, x], [0.3 if above else -0.3,
+                                            0.45 if above else -0.45],
+                    color="black", lw=0.6)
         left += width
     right = left
     if device_bytes is not None:
