@@ -960,3 +960,155 @@ def sharding_at_scale_figure(rows, device_bytes):
     ax.set_xlabel("GB per device (10^9 bytes)")
     fig.tight_layout()
     return fig
+
+
+# --- lesson 07: plan a training run ------------------------------------------------
+
+PLAN_PART_COLOURS = {  # one colour per part of a plan (helpers.planner.Plan.parts)
+    "weights": "#1b9e77", "gradients": "#7570b3", "optimizer state": "#e7298a",
+    "activations": "#66a61e", "autocast weight copies": "#e6ab02",
+    "transient": "#a6761d", "context": "#bdbdbd"}
+
+
+def plan_breakdown_figure(parts, lessons=None, device_bytes=None, title=None):
+    """Lesson 07: one device's memory in a training step, part by part, each part
+    labelled with the lesson that measured it.
+
+    ``parts`` maps a part's name to its bytes (a plan's parts, e.g. weights, gradients,
+    optimizer state, activations); ``lessons`` maps a part's name to the lesson that
+    measured it (a few words, shown under the part's name); ``device_bytes`` draws one
+    device's memory as a dashed line.
+    """
+    if not isinstance(parts, dict):
+        raise ValueError(f"parts must be a dict of part name -> bytes, got "
+                         f"{type(parts).__name__}")
+    _require_some(parts, "parts", "part")
+    for name, value in parts.items():
+        if not _finite_number(value) or value < 0:
+            raise ValueError(f"parts[{name!r}] must be a finite number of bytes >= 0, "
+                             f"got {value!r}")
+    if device_bytes is not None and (not _finite_number(device_bytes)
+                                     or device_bytes <= 0):
+        raise ValueError(f"device_bytes must be a number > 0 (one device's memory) or "
+                         f"None, got {device_bytes!r}")
+    lessons = lessons or {}
+    total = sum(parts.values())
+    scale, unit = (GiB, "GiB") if max(total, device_bytes or 0) >= GiB else (MiB, "MiB")
+    fig = Figure(figsize=(10, 3.2))
+    ax = fig.add_subplot()
+    left = 0.0
+    shown = [(name, value) for name, value in parts.items() if value > 0]
+    right = max(total, device_bytes or 0) / scale
+    gap = right * 0.16  # a label's width, about: labels on one side stay this apart
+    last_x = {True: -math.inf, False: -math.inf}  # above, below: the last label's x
+    for i, (name, value) in enumerate(shown):
+        width = value / scale
+        ax.barh(0, width, left=left, color=PLAN_PART_COLOURS.get(name, MUTED),
+                edgecolor="black", label=name)
+        label = f"{name}\n{width:,.1f} {unit}"
+        if name in lessons:
+            label += f"\n{lessons[name]}"
+        # alternate above and below the bar, and push a label right of the last one
+        # on its side: narrow parts keep their labels apart
+        above = i % 2 == 0
+        x = max(left + width / 2, last_x[above] + gap)
+        last_x[above] = x
+        ax.annotate(label, (x, 0.4 if above else -0.4),
+                    xytext=(0, 6 if above else -6), textcoords="offset points",
+                    ha="center", va="bottom" if above else "top", fontsize=8)
+        if x > left + width / 2 + 1e-9:  # a pushed label points at its part
+            ax.plot([left + width / 2, x], [0.3 if above else -0.3,
+                                            0.45 if above else -0.45],
+                    color="black", lw=0.6)
+        left += width
+    right = left
+    if device_bytes is not None:
+        ax.axvline(device_bytes / scale, color="black", lw=1.5, ls="--")
+        ax.annotate(f"one device: {device_bytes / scale:,.1f} {unit}",
+                    (device_bytes / scale, -0.95), ha="right", va="bottom",
+                    fontsize=8, xytext=(-4, 0), textcoords="offset points")
+        right = max(right, device_bytes / scale)
+    ax.set_xlim(0, right * 1.08 or 1)
+    ax.set_ylim(-1.6, 1.6)
+    ax.set_yticks([])
+    ax.set_xlabel(f"{unit} on one device, at the step's peak")
+    for side in ("left", "right", "top"):
+        ax.spines[side].set_visible(False)
+    if title:
+        ax.set_title(title, fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def published_runs_figure(rows):
+    """Lesson 07: each published run's memory as predicted, against what its owners
+    measured: the planner beside the formula baselines.
+
+    ``rows`` hold 'run' (its name) and, for each predictor, '<predictor>_error' (a
+    signed fraction: -0.1 is 10 % under the measured memory): 'error' (the planner),
+    'playbook_error' and 'accelerate_error'; a predictor whose key is missing in every
+    row is left out.
+    """
+    _require_rows(rows, "rows", ("run", "error"))
+    predictors = {"error": ("this course's planner", HIGHLIGHT, "o"),
+                  "playbook_error": ("Playbook: 16 bytes/param + activations",
+                                     "#7570b3", "s"),
+                  "accelerate_error": ("accelerate estimate-memory", "#666666", "^")}
+    for i, row in enumerate(rows):
+        for key in predictors:
+            if key in row and not _finite_number(row[key]):
+                raise ValueError(f"rows[{i}][{key!r}] must be a finite number (a "
+                                 f"signed fraction), got {row[key]!r}")
+    fig = Figure(figsize=(10, 0.9 + 0.26 * len(rows)))
+    ax = fig.add_subplot()
+    names = [row["run"] for row in rows]
+    y = list(range(len(rows)))
+    for key, (label, colour, marker) in predictors.items():
+        if not any(key in row for row in rows):
+            continue
+        points = [(100 * row[key], i) for i, row in enumerate(rows) if key in row]
+        ax.scatter([p[0] for p in points], [p[1] for p in points], color=colour,
+                   marker=marker, s=45, zorder=3, label=label, edgecolor="black",
+                   linewidth=0.5)
+    ax.axvline(0, color="black", lw=1)
+    ax.axvspan(-15, 15, color=MUTED, alpha=0.25, lw=0, label="within 15 %")
+    ax.set_yticks(y, names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("predicted vs measured peak memory (%): left, under; right, over")
+    ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def planner_error_figure(errors):
+    """Lesson 07's lab: the planner's peak-memory error on each configuration it was
+    checked against, one row per group (a lever, a model family).
+
+    ``errors`` maps a group's name to its configurations' signed errors (fractions).
+    """
+    if not isinstance(errors, dict):
+        raise ValueError(f"errors must be a dict of group -> list of signed errors, "
+                         f"got {type(errors).__name__}")
+    _require_some(errors, "errors", "group")
+    for name, values in errors.items():
+        _require_some(values, f"errors[{name!r}]", "error")
+        if not all(_finite_number(v) for v in values):
+            raise ValueError(f"errors[{name!r}] must hold finite numbers (signed "
+                             f"fractions), got {list(values)!r:.80}")
+    fig = Figure(figsize=(9, 1.2 + 0.4 * len(errors)))
+    ax = fig.add_subplot()
+    for i, values in enumerate(errors.values()):
+        exact = sum(1 for v in values if abs(v) < 0.005)
+        ax.scatter([100 * v for v in values], [i] * len(values), color=HIGHLIGHT,
+                   alpha=0.6, edgecolor="black", linewidth=0.5, zorder=3)
+        ax.annotate(f"{exact} of {len(values)} within 0.5 %", (1.0, i),
+                    xycoords=("axes fraction", "data"), xytext=(6, 0),
+                    textcoords="offset points", va="center", fontsize=8)
+    ax.axvline(0, color="black", lw=1)
+    ax.set_yticks(range(len(errors)), list(errors), fontsize=9)
+    ax.invert_yaxis()
+    ax.set_xlabel("planner's peak memory vs measured (%): left, under; right, over")
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    return fig

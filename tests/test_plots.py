@@ -76,6 +76,12 @@ SHARDING_ROWS = [  # bytes of 10 parameters, as lesson 06 measures them
 AT_SCALE = [{"stage": stage, "devices": 8, "bytes": per_parameter * 7e9}
             for stage, per_parameter in (("DDP", 16), ("ZeRO-3", 2))]
 
+PLAN_PARTS = {"weights": 2 * 2**30, "gradients": 2 * 2**30,  # lesson 07: bytes
+              "optimizer state": 4 * 2**30, "activations": 3 * 2**30}
+PUBLISHED = [{"run": "baseline", "error": -0.1, "playbook_error": -0.09,
+              "accelerate_error": -0.57},
+             {"run": "Adafactor", "error": -0.12, "playbook_error": 0.1}]
+
 COURSE_MAP = [
     {"number": "01", "title": "Checkpointing", "lever": "memory",
      "measures": "bytes"},
@@ -179,6 +185,24 @@ GOOD = {
         1,
         ["DDP", "112 GB on 8 devices: does not fit", "14 GB on 8 devices",
          "one device: 80 GB"],
+    ),
+    "plan_breakdown_figure": (
+        dict(parts=PLAN_PARTS, lessons={"activations": "lessons 1, 2"},
+             device_bytes=80e9, title="a plan"),
+        1,
+        ["weights\n2.0 GiB", "activations\n3.0 GiB\nlessons 1, 2",
+         "one device: 74.5 GiB", "GiB on one device, at the step's peak", "a plan"],
+    ),
+    "published_runs_figure": (
+        dict(rows=PUBLISHED),
+        1,
+        ["baseline", "Adafactor", "this course's planner",
+         "accelerate estimate-memory", "within 15 %"],
+    ),
+    "planner_error_figure": (
+        dict(errors={"float32": [0.0, 0.001], "bfloat16": [-0.2, 0.0]}),
+        1,
+        ["float32", "2 of 2 within 0.5 %", "1 of 2 within 0.5 %"],
     ),
     "loss_curves_figure": (
         dict(curves=CURVES, title="tiny DistilBERT"),
@@ -354,6 +378,18 @@ BAD = [
                                     n_parameters=10), "bytes must be finite numbers"),
     ("sharding_memory_figure", dict(rows=SHARDING_ROWS, n_parameters=0),
      "n_parameters must be a positive integer"),
+    ("plan_breakdown_figure", dict(parts={}), "parts is empty"),
+    ("plan_breakdown_figure", dict(parts={"weights": -1}),
+     r"parts\['weights'\] must be a finite number of bytes >= 0"),
+    ("plan_breakdown_figure", dict(parts=PLAN_PARTS, device_bytes=0),
+     "device_bytes must be a number > 0"),
+    ("published_runs_figure", dict(rows=[{"run": "baseline"}]),
+     r"rows\[0\] lacks 'error'"),
+    ("published_runs_figure", dict(rows=[{**PUBLISHED[0], "error": None}]),
+     r"rows\[0\]\['error'\] must be a finite number"),
+    ("planner_error_figure", dict(errors={}), "errors is empty"),
+    ("planner_error_figure", dict(errors={"float32": [float("nan")]}),
+     r"errors\['float32'\] must hold finite numbers"),
     ("sharding_at_scale_figure", dict(rows=AT_SCALE, device_bytes=0),
      "device_bytes must be a number > 0"),
     ("sharding_at_scale_figure", dict(rows=[{**AT_SCALE[0], "devices": 0}],
@@ -404,3 +440,16 @@ def test_the_scale_figure_marks_what_does_not_fit():
     fig = plots.sharding_at_scale_figure(AT_SCALE, device_bytes=80e9)
     colours = [p.get_facecolor() for p in fig.axes[0].patches]
     assert colours[0] != colours[1]  # DDP does not fit, ZeRO-3 does
+
+
+def test_the_plan_figure_stacks_each_part_in_order():
+    ax = plots.plan_breakdown_figure(PLAN_PARTS).axes[0]
+    ends = [round(bar.get_x() + bar.get_width(), 6) for bar in ax.patches]
+    assert ends == [2.0, 4.0, 8.0, 11.0]  # GiB: weights, gradients, state, activations
+
+
+def test_the_published_figure_places_each_error_in_percent():
+    ax = plots.published_runs_figure(PUBLISHED).axes[0]
+    planner = ax.collections[0].get_offsets()
+    assert [round(float(x), 6) for x in planner[:, 0]] == [-10.0, -12.0]
+    assert len(ax.collections[2].get_offsets()) == 1  # accelerate: one row has it

@@ -12,7 +12,7 @@ from tests.tool_scripts import load_tool
 
 PRACTICE = REPO_ROOT / "notebooks" / "practice"
 LESSONS = ["01_gradient_checkpointing", "02_trainer_and_accelerator", "03_local_sgd",
-           "04_adamw", "05_mixed_precision", "06_sharding"]
+           "04_adamw", "05_mixed_precision", "06_sharding", "07_plan_a_run"]
 make_practice = load_tool("make_practice")
 
 
