@@ -26,9 +26,12 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import itertools
 import json
 import math
+import os
+import pickle
 import sys
 import time
 import warnings
@@ -271,8 +274,51 @@ class ParameterTable:
         return sum(math.prod(s) for s in self.shapes)
 
 
+# Where plans keep what they measured (parameter tables and fake runs), by content:
+# a configuration planned once is planned again without importing its model's code or
+# running anything (a 70B command: about 10 s of CPU time the first time). Set
+# PLANNER_CACHE to another folder, or to "off".
+CACHE_DIR = os.environ.get("PLANNER_CACHE",
+                           str(Path.home() / ".cache" / "efficient-training-planner"))
+
+
+@functools.lru_cache(maxsize=1)
+def _cache_version():
+    """What a cached measurement depends on besides its inputs: this file's code and
+    the versions of torch and Transformers."""
+    import transformers
+
+    source = Path(__file__).read_bytes()
+    return [hashlib.sha256(source).hexdigest(), torch.__version__,
+            transformers.__version__]
+
+
+def _disk_cached(kind, key, compute):
+    """``compute()``, or its result stored earlier under ``key`` in ``CACHE_DIR``."""
+    if CACHE_DIR == "off":
+        return compute()
+    digest = hashlib.sha256(json.dumps([kind, key, _cache_version()],
+                                       default=str).encode()).hexdigest()
+    path = Path(CACHE_DIR) / f"{kind}-{digest[:32]}.pickle"
+    with contextlib.suppress(OSError, EOFError, pickle.UnpicklingError,
+                             AttributeError):
+        return pickle.loads(path.read_bytes())
+    value = compute()
+    with contextlib.suppress(OSError):  # a cache that cannot be written: no cache
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.part")
+        partial.write_bytes(pickle.dumps(value))
+        os.replace(partial, path)  # whole or not at all, for processes side by side
+    return value
+
+
 @functools.lru_cache(maxsize=32)
 def _parameter_table(config_json, attention):
+    return _disk_cached("table", [config_json, attention],
+                        lambda: _measure_parameter_table(config_json, attention))
+
+
+def _measure_parameter_table(config_json, attention):
     from transformers import AutoConfig
 
     config = AutoConfig.for_model(**json.loads(config_json))
@@ -761,6 +807,14 @@ SHALLOW_LAYERS = 4
 
 @functools.lru_cache(maxsize=256)
 def _segments_cached(config_json, run, levers_key, device_type, with_gradients):
+    return _disk_cached(
+        "segments", [config_json, dataclasses.astuple(run), levers_key, device_type,
+                     with_gradients],
+        lambda: _measure_segments(config_json, run, levers_key, device_type,
+                                  with_gradients))
+
+
+def _measure_segments(config_json, run, levers_key, device_type, with_gradients):
     from transformers import AutoConfig
 
     config = AutoConfig.for_model(**json.loads(config_json))
@@ -1013,6 +1067,7 @@ def cheapest_fitting(model, run, levers, device, count=5):
     result first (optimizer, then bfloat16 end to end), then the shortest step
     (compute plus communication)."""
     fitting = []
+    model = load_config(model)  # read once
     for candidate in lever_combinations(levers):
         if state_bytes(model, run, candidate) + device.context_bytes > \
                 device.memory_bytes:
@@ -1144,4 +1199,8 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run as helpers.planner, not as __main__: what the disk cache stores then names
+    # this module's classes, which every later process can load
+    from helpers.planner import main as planner_main
+
+    sys.exit(planner_main())

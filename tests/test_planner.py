@@ -71,6 +71,27 @@ def test_ring_bytes_of_ddp_and_zero1():
     assert zero1 - ddp == pytest.approx(3 / 4 * payload)
 
 
+def test_fsdp_frees_each_layers_whole_gradients_after_its_backward():
+    # bfloat16 end to end, checkpointing: no autocast cache; the whole model's
+    # gradients (141 GB) would dwarf everything else if FSDP kept them
+    result = planner.plan("llama-3.1-70b", planner.Run(1, 4096),
+                          planner.Levers(checkpointing=True, precision="bf16-pure",
+                                         sharding="fsdp-reshard", devices=8))
+    whole_gradients = 2 * result.parameters
+    held = sum(result.parts[k] for k in ("weights", "gradients", "optimizer state"))
+    assert result.peak_bytes - held < 0.2 * whole_gradients
+
+
+def test_a_plan_read_back_from_the_disk_cache_is_the_same(tmp_path, monkeypatch):
+    monkeypatch.setattr(planner, "CACHE_DIR", str(tmp_path))
+    run, levers = planner.Run(2, 16), planner.Levers(checkpointing=True)
+    planner._segments_cached.cache_clear()
+    first = planner.plan("gpt2-tiny", run, levers).as_dict()
+    assert list(tmp_path.glob("segments-*.pickle"))
+    planner._segments_cached.cache_clear()  # from the files now
+    assert planner.plan("gpt2-tiny", run, levers).as_dict() == first
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"precision": "fp8"}, "unknown precision"),
     ({"optimizer": "lion"}, "unknown optimizer"),
