@@ -26,9 +26,12 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import itertools
 import json
 import math
+import os
+import pickle
 import sys
 import time
 import warnings
@@ -271,18 +274,72 @@ class ParameterTable:
         return sum(math.prod(s) for s in self.shapes)
 
 
+# Where plans keep what they measured (parameter tables and fake runs), by content:
+# a configuration planned once is planned again without importing its model's code or
+# running anything (a 70B command: about 10 s of CPU time the first time). Set
+# PLANNER_CACHE to another folder, or to "off".
+CACHE_DIR = os.environ.get("PLANNER_CACHE",
+                           str(Path.home() / ".cache" / "efficient-training-planner"))
+
+
+@functools.lru_cache(maxsize=1)
+def _cache_version():
+    """What a cached measurement depends on besides its inputs: this file's code and
+    the versions of torch and Transformers."""
+    import transformers
+
+    source = Path(__file__).read_bytes()
+    return [hashlib.sha256(source).hexdigest(), torch.__version__,
+            transformers.__version__]
+
+
+def _disk_cached(kind, key, compute):
+    """``compute()``, or its result stored earlier under ``key`` in ``CACHE_DIR``."""
+    if CACHE_DIR == "off":
+        return compute()
+    digest = hashlib.sha256(json.dumps([kind, key, _cache_version()],
+                                       default=str).encode()).hexdigest()
+    path = Path(CACHE_DIR) / f"{kind}-{digest[:32]}.pickle"
+    with contextlib.suppress(OSError, EOFError, pickle.UnpicklingError,
+                             AttributeError):
+        return pickle.loads(path.read_bytes())
+    value = compute()
+    with contextlib.suppress(OSError):  # a cache that cannot be written: no cache
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.part")
+        partial.write_bytes(pickle.dumps(value))
+        os.replace(partial, path)  # whole or not at all, for processes side by side
+    return value
+
+
 @functools.lru_cache(maxsize=32)
 def _parameter_table(config_json, attention):
+    return _disk_cached("table", [config_json, attention],
+                        lambda: _measure_parameter_table(config_json, attention))
+
+
+def _measure_parameter_table(config_json, attention):
     from transformers import AutoConfig
 
     config = AutoConfig.for_model(**json.loads(config_json))
-    model = build_model(config, attention=attention)
+    depth = getattr(config, _layer_count_key(config))
+    # The layers of each family are alike: a copy with one layer and one with two give
+    # the shapes and buffers of any depth, where laying out all 80 layers of a 70B
+    # configuration took 3 s of CPU time
+    shallow = [build_model(config, attention=attention, layers=n)
+               for n in (1, min(depth, 2))]
+    model = shallow[0]
     layers = layer_stack(model)
     in_layers = {id(p) for p in layers.parameters()}
-    groups = [tuple(tuple(p.shape) for p in layer.parameters()) for layer in layers]
+    layer = tuple(tuple(p.shape) for p in layers[0].parameters())
     rest = tuple(tuple(p.shape) for p in model.parameters() if id(p) not in in_layers)
-    buffer_bytes = sum(b.numel() * b.element_size() for b in model.buffers())
-    return ParameterTable(tuple(groups) + (rest,), buffer_bytes, len(layers))
+
+    def buffers(m):
+        return sum(b.numel() * b.element_size() for b in m.buffers())
+
+    per_layer = buffers(shallow[1]) - buffers(shallow[0]) if depth > 1 else 0
+    buffer_bytes = buffers(shallow[0]) + (depth - 1) * per_layer
+    return ParameterTable((layer,) * depth + (rest,), buffer_bytes, depth)
 
 
 def parameter_table(config, attention="sdpa"):
@@ -410,6 +467,40 @@ def _key(tensor):
         return tensor.untyped_storage()._cdata
     except (RuntimeError, NotImplementedError):
         return None
+
+
+class FlopCounter:
+    """PyTorch's ``FlopCounterMode`` count (its own dispatch mode and formula table),
+    without its per-module breakdown. That breakdown enters a ``ModuleTracker``, whose
+    hooks on each module's inputs and outputs keep tensors alive that a step without the
+    counter frees: measured on distilbert-tiny, 4 x 64 tokens, float32, checkpointing,
+    the live peak was 4,419,272 bytes with ``FlopCounterMode`` on and 3,167,944 bytes
+    without (with 2 micro-batches: 6,614,216 and 3,515,592). A meter must not change
+    what it measures, so the memory is measured under this counter."""
+
+    def __init__(self):
+        from torch.utils.flop_counter import FlopCounterMode
+
+        self.counter = FlopCounterMode(display=False)
+        self.mode = None
+
+    def __enter__(self):
+        from torch.utils.flop_counter import _FlopCounterMode
+
+        self.counter.flop_counts.clear()
+        # FlopCounterMode.__enter__ without mod_tracker.__enter__(): every count goes
+        # to its "Global" entry, which get_total_flops reads
+        self.mode = _FlopCounterMode(self.counter)
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        result = self.mode.__exit__(*exc)
+        self.mode = None
+        return result
+
+    def get_total_flops(self):
+        return self.counter.get_total_flops()
 
 
 def _hidden_states(args, kwargs):
@@ -573,6 +664,10 @@ class Segments:
     copies_other: int  # those the rest keeps
     saved_middle: int  # net bytes a middle layer's forward keeps
     loss_bytes: int  # the loss, alive at forward's end but not kept for backward
+    # name -> [(event position in that piece, bytes of the weights' gradients made
+    # since the previous position)]: each group's backward ends at such a position,
+    # where FSDP2 reduce-scatters them and frees them
+    gradient_bytes: dict = dataclasses.field(default_factory=dict)
 
 
 ORDER_FORWARD = ("pro", "F0", "F1", "F2", "epi", "head")
@@ -605,17 +700,15 @@ def _cut(tracker, marks, start, end):
     return pieces, index, flop_bounds
 
 
-def fake_segments(config, run, levers, device_type, with_gradients, whole=False):
-    """Segments of one micro-batch of a ``MEASURED_LAYERS``-layer copy on fake tensors;
-    ``with_gradients``: the gradients exist already (a later micro-batch, or gradients
-    kept between steps). ``whole``: the model at its own depth instead, its forward as
-    one segment and the rest as another (no layer repeated)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
+@contextlib.contextmanager
+def fake_training(config, run, levers, device_type, layers=None):
+    """``(model, batch)`` of ``config`` with ``layers`` layers (its own depth if None)
+    on fake tensors (shapes and dtypes, no memory), the levers applied, CUDA's autocast
+    rules on for a plan on a GPU (for checkpointing's recomputation in backward too):
+    the planner's copy and the validation's whole model are built here, the same way."""
     from helpers.mixed_precision import on_fake_tensors
 
-    depth = None if whole else MEASURED_LAYERS
-    model = build_model(config, attention=run.attention, layers=depth)
+    model = build_model(config, attention=run.attention, layers=layers)
     if levers.precision == "bfloat16-pure":  # on the meta device: fake ones cannot
         model.to(torch.bfloat16)
     with on_fake_tensors(), warnings.catch_warnings():
@@ -626,13 +719,22 @@ def fake_segments(config, run, levers, device_type, with_gradients, whole=False)
                       reentrant=run.reentrant_checkpointing)
         batch = {k: torch.empty(v.shape, dtype=v.dtype).fill_(1)
                  for k, v in make_batch(config, run, "cpu").items()}
-        rules = autocast_rules(device_type)
-        rules.__enter__()  # for checkpointing's recomputation in backward too
+        with autocast_rules(device_type):
+            yield model, batch
+
+
+def fake_segments(config, run, levers, device_type, with_gradients, whole=False):
+    """Segments of one micro-batch of a ``MEASURED_LAYERS``-layer copy on fake tensors;
+    ``with_gradients``: the gradients exist already (a later micro-batch, or gradients
+    kept between steps). ``whole``: the model at its own depth instead, its forward as
+    one segment and the rest as another (no layer repeated)."""
+    depth = None if whole else MEASURED_LAYERS
+    with fake_training(config, run, levers, device_type, depth) as (model, batch):
         if with_gradients:  # a first micro-batch, unmeasured, makes them
             micro_batch_step(model, batch, run, levers, device_type).backward()
         parameter_keys = {_key(p) for p in model.parameters()}
         tracker = StepTracker(parameter_keys)
-        flop_counter = FlopCounterMode(display=False)
+        flop_counter = FlopCounter()
         marks = SegmentMarks(tracker, layer_stack(model), flop_counter)
         with flop_counter, tracker:
             loss = micro_batch_step(model, batch, run, levers, device_type)
@@ -642,8 +744,9 @@ def fake_segments(config, run, levers, device_type, with_gradients, whole=False)
             copies_alive = tracker.weight_copies & alive_at_forward_end
             loss.backward()
             del loss
-        rules.__exit__(None, None, None)
         marks.remove()
+        made_gradients = {tracker.allocation_id(p.grad) for p in model.parameters()
+                          if p.grad is not None} - {None}
     if whole:
         index = {name: (position, flops) for name, position, flops in marks.marks}
         end_forward, flops_forward = index["forward end"]
@@ -654,9 +757,22 @@ def fake_segments(config, run, levers, device_type, with_gradients, whole=False)
         flops["pro"] = flops_forward
         flops["head"] = flop_counter.get_total_flops() - flops_forward
         sizes = {alloc: nbytes for _, alloc, nbytes in tracker.created}
+        # each layer's backward ends when its input's gradient is made (B<i>end), the
+        # rest's at the end
+        ends = sorted(position - end_forward for name, position, _ in marks.marks
+                      if name.startswith("B") and name.endswith("end"))
+        ends.append(len(tracker.events) - end_forward)
+        released, begin = [], 0
+        for stop in ends:
+            released.append((stop, sum(
+                delta for alloc, delta in tracker.events[end_forward + begin:
+                                                         end_forward + stop]
+                if alloc in made_gradients and delta > 0)))
+            begin = stop
         return Segments(pieces, flops, 0, sum(sizes[a] for a in copies_alive), 0,
-                        loss_bytes)
+                        loss_bytes, {"head": released})
     pieces, index, fb = _cut(tracker, marks.marks, 0, len(tracker.events))
+    gradient_bytes = _gradient_bytes(tracker, marks.marks, made_gradients)
     total_flops = flop_counter.get_total_flops()
     names = ("pro", "F0", "F1", "F2", "epi", "head", "B2", "B1", "B0", "tail")
     ends = fb + [total_flops]
@@ -670,7 +786,19 @@ def fake_segments(config, run, levers, device_type, with_gradients, whole=False)
     per_layer = sum(sizes[a] for a in copies_alive & f1_allocs)
     other = sum(sizes[a] for a in copies_alive) - MEASURED_LAYERS * per_layer
     return Segments(pieces, flops, per_layer, other,
-                    sum(delta for delta, _ in pieces["F1"]), loss_bytes)
+                    sum(delta for delta, _ in pieces["F1"]), loss_bytes,
+                    gradient_bytes)
+
+
+def _gradient_bytes(tracker, marks, made):
+    """{backward piece: bytes of the gradients in ``made`` that it allocated}."""
+    index = {name: position for name, position, _ in marks}
+    bounds = [("B2", index["B2"]), ("B1", index["B2end"]), ("B0", index["B1end"]),
+              ("tail", index["B0end"]), (None, len(tracker.events))]
+    return {name: [(stop - begin, sum(delta for alloc, delta
+                                      in tracker.events[begin:stop]
+                                      if alloc in made and delta > 0))]
+            for (name, begin), (_, stop) in itertools.pairwise(bounds)}
 
 
 # A model this shallow runs at its own depth: as cheap as the copy, and exact
@@ -679,6 +807,14 @@ SHALLOW_LAYERS = 4
 
 @functools.lru_cache(maxsize=256)
 def _segments_cached(config_json, run, levers_key, device_type, with_gradients):
+    return _disk_cached(
+        "segments", [config_json, dataclasses.astuple(run), levers_key, device_type,
+                     with_gradients],
+        lambda: _measure_segments(config_json, run, levers_key, device_type,
+                                  with_gradients))
+
+
+def _measure_segments(config_json, run, levers_key, device_type, with_gradients):
     from transformers import AutoConfig
 
     config = AutoConfig.for_model(**json.loads(config_json))
@@ -698,9 +834,17 @@ def segments(config, run, levers, device_type, with_gradients):
                             device_type, with_gradients)
 
 
-def synthesise(seg, layers):
+def synthesise(seg, layers, reduce_scatter_over=None):
     """(peak above the start, net change, bytes alive at forward's end) of one
-    micro-batch with ``layers`` layers: the middle layer's segments repeated."""
+    micro-batch with ``layers`` layers: the middle layer's segments repeated.
+    ``reduce_scatter_over``: FSDP2 over that many devices: after each group's backward
+    its whole gradients are reduce-scattered and freed
+    (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, foreach_reduce:
+    ``unsharded_grads.clear()``); the shards are counted with the other gradients.
+    Its reduce-scatter input (a copy of the group's gradients, a moment before they
+    are freed) is left out: the peaks measured on 2 processes (distilbert-tiny, 2 x 16
+    and 4 x 64 tokens, FSDP2 resharding) equal the plan without it, to the byte; with
+    it, the plan is 15 % above them."""
     if layers < 2:
         raise ValueError("the planner models stacks of at least 2 layers")
     repeats = layers - 2
@@ -714,9 +858,11 @@ def synthesise(seg, layers):
             forward_end = live - seg.loss_bytes
         # a repeated piece peaks where it peaks once, shifted by what came before
         running = live
-        for delta, per_middle_layer in piece:
+        releases = dict(seg.gradient_bytes.get(name, ())) if reduce_scatter_over else {}
+        for position, (delta, per_middle_layer) in enumerate(piece, start=1):
             running += delta * repeats if per_middle_layer else delta
             peak = max(peak, running)
+            running -= releases.get(position, 0)
         live = running
     return peak, live, forward_end
 
@@ -765,6 +911,17 @@ def sent_bytes_per_step(table, run, levers):
     return sent * forwards
 
 
+def state_bytes(model, run, levers):
+    """Weights, gradients and optimizer state on the device that holds the most: a
+    lower bound of the plan's peak, from formulas alone."""
+    table = parameter_table(load_config(model), run.attention)
+    element = _dtype_bytes(levers)
+    weight_shapes, state_shapes = _per_device_shapes(table, levers)
+    weights = sum(math.prod(s) for s in weight_shapes) * element
+    return 2 * weights + sum(optimizer_state_bytes(s, levers.optimizer, element)
+                             for s in state_shapes)
+
+
 def plan(model, run=None, levers=None, device=None):
     """The plan of one training step on each device: see the module's docstring."""
     run = run or Run()
@@ -781,17 +938,25 @@ def plan(model, run=None, levers=None, device=None):
                 for s in state_shapes)
     scratch = optimizer_step_scratch(state_shapes, levers, element)
     # the activations of one micro-batch: the middle layer repeated
+    fsdp = levers.sharding.startswith("fsdp")
     grads_kept = run.keep_gradients or levers.sharding in ("ddp", "zero1")
-    first = segments(config, run, levers, device.kind, with_gradients=grads_kept)
-    peak_first, net_first, saved = synthesise(first, table.layers)
-    later = (segments(config, run, levers, device.kind, with_gradients=True)
-             if run.accumulation > 1 and not grads_kept else first)
-    peak_later, _, _ = synthesise(later, table.layers)
+    if fsdp:
+        # FSDP2 makes each group's whole gradients afresh in every backward (its
+        # gradients live on the sharded parameters): a fake run without gradients,
+        # each group's whole ones reduce-scattered and freed after its backward
+        first = segments(config, run, levers, device.kind, with_gradients=False)
+        peak_first, _, saved = synthesise(first, table.layers, reduce_scatter_over=n)
+    else:
+        first = segments(config, run, levers, device.kind, with_gradients=grads_kept)
+        peak_first, _, saved = synthesise(first, table.layers)
+        later = (segments(config, run, levers, device.kind, with_gradients=True)
+                 if run.accumulation > 1 and not grads_kept else first)
+        peak_later, _, _ = synthesise(later, table.layers)
     copies = first.copies_other + table.layers * first.copies_per_layer
     # FSDP2 gathers whole weights: every group's from forward to backward when it keeps
     # them, else the group in use and the one prefetched (lesson 06)
     gathered = 0
-    if levers.sharding.startswith("fsdp"):
+    if fsdp:
         group_bytes = [sum(_shard_shape(s, n)[0] * math.prod(s[1:]) for s in g) * n
                        * element for g in table.groups]
         if levers.sharding == "fsdp":
@@ -799,18 +964,18 @@ def plan(model, run=None, levers=None, device=None):
         else:
             gathered = group_bytes[-1] + 2 * max(group_bytes[:-1])
     base = weights + state
-    # the fake run's gradients are whole; under FSDP each device keeps its shard
-    whole_gradients = table.count * element
     phases = {}
-    if grads_kept:
+    if fsdp:
+        # the gradient shards counted whole from the start: kept between steps, or
+        # made during the first backward (then an upper bound, by at most 1/N of them)
+        phases["forward and backward"] = base + gradients + peak_first + gathered
+    elif grads_kept:
         phases["forward and backward"] = base + gradients + peak_first + gathered
     else:
-        # the first micro-batch makes the gradients (FSDP: then reduce-scatters them)
-        made = whole_gradients if not levers.sharding.startswith("fsdp") else 0
-        phases["forward and backward"] = base + peak_first + gathered - (
-            0 if made else 0)
+        # the first micro-batch makes the gradients (peak_first holds them)
+        phases["forward and backward"] = base + peak_first
         if run.accumulation > 1:
-            phases["later micro-batches"] = base + gradients + peak_later + gathered
+            phases["later micro-batches"] = base + gradients + peak_later
     phases["optimizer step"] = base + gradients + scratch
     peak_phase = max(phases, key=phases.get)
     peak = int(phases[peak_phase])
@@ -902,7 +1067,11 @@ def cheapest_fitting(model, run, levers, device, count=5):
     result first (optimizer, then bfloat16 end to end), then the shortest step
     (compute plus communication)."""
     fitting = []
+    model = load_config(model)  # read once
     for candidate in lever_combinations(levers):
+        if state_bytes(model, run, candidate) + device.context_bytes > \
+                device.memory_bytes:
+            continue  # its weights, gradients and state alone do not fit: no fake run
         result = plan(model, run, candidate, device)
         if result.fits:
             seconds = result.compute_seconds + result.link_seconds
@@ -1030,4 +1199,8 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run as helpers.planner, not as __main__: what the disk cache stores then names
+    # this module's classes, which every later process can load
+    from helpers.planner import main as planner_main
+
+    sys.exit(planner_main())

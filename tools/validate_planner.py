@@ -90,8 +90,26 @@ def _bytes_held(tensors):
     return sum(blocks.values())
 
 
+def micro_batches(model, batch, run, levers, tracker=None):
+    """Every micro-batch's forward and backward; with a tracker, (bytes the first one
+    keeps for backward, autocast's weight copies among them)."""
+    saved = copies = None
+    for micro in range(run.accumulation):
+        loss = planner.micro_batch_step(model, batch, run, levers, "cpu")
+        if tracker is not None and micro == 0:
+            alive = tracker.alive_ids() - {tracker.allocation_id(loss)}
+            copies = tracker.alive_bytes(tracker.weight_copies & alive)
+            saved = tracker.alive_bytes(alive) - copies
+        loss.backward()
+        del loss
+    return saved, copies
+
+
 def measure_real(case):
-    """One measured step of the whole model on real tensors (after a warm-up step)."""
+    """One measured step of the whole model on real tensors, after a warm-up step (it
+    makes the optimizer's state), then one more that ``FlopCounterMode`` counts: the
+    memory is measured without it (its module tracker keeps tensors alive, see
+    ``planner.FlopCounter``)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from helpers.optimizer_state import optimizer_state_size
@@ -108,15 +126,7 @@ def measure_real(case):
     batch = planner.make_batch(config, run, "cpu")
 
     def step(tracker=None):
-        saved = copies = None
-        for micro in range(run.accumulation):
-            loss = planner.micro_batch_step(model, batch, run, levers, "cpu")
-            if tracker is not None and micro == 0:
-                alive = tracker.alive_ids() - {tracker.allocation_id(loss)}
-                copies = tracker.alive_bytes(tracker.weight_copies & alive)
-                saved = tracker.alive_bytes(alive) - copies
-            loss.backward()
-            del loss
+        saved, copies = micro_batches(model, batch, run, levers, tracker)
         gradients = _bytes_held([p.grad for p in model.parameters()
                                  if p.grad is not None])
         optimizer.step()
@@ -130,9 +140,14 @@ def measure_real(case):
         state = optimizer_state_size(optimizer)[1]
         kept = _bytes_held([p.grad for p in model.parameters() if p.grad is not None])
         tracker = planner.StepTracker({planner._key(p) for p in model.parameters()})
-        counter = FlopCounterMode(display=False)
-        with counter, tracker:
+        with tracker:
             saved, copies, gradients = step(tracker)
+        optimizer.zero_grad(set_to_none=not run.keep_gradients)
+        # a third step, as the second, counted (the first step's count differs from
+        # every later one's by up to 2.4 % with checkpointing, measured on llama-tiny)
+        counter = FlopCounterMode(display=False)
+        with counter:
+            step()
     peak = weights + state + kept + tracker.peak_bytes
     parts = {"weights": weights, "gradients": gradients, "optimizer state": state,
              "activations": saved, "autocast weight copies": copies}
@@ -141,38 +156,26 @@ def measure_real(case):
 
 
 def measure_fake(case):
-    """Forward and backward of the whole model, at its full depth, on fake tensors."""
+    """Forward and backward of the whole model, at its full depth, on fake tensors
+    (built as the planner builds its copy: ``planner.fake_training``); the FLOPs by
+    ``FlopCounterMode`` in a second step, the memory measured without it."""
     from torch.utils.flop_counter import FlopCounterMode
-
-    from helpers.mixed_precision import on_fake_tensors
 
     run, levers = case.run, case.levers
     config = planner.load_config(case.model)
-    model = planner.build_model(config, attention=run.attention)
-    if levers.precision == "bfloat16-pure":  # on the meta device: fake ones cannot
-        model.to(torch.bfloat16)
-    with on_fake_tensors(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = model.to_empty(device="cpu")
-        model.tie_weights()  # to_empty under fake tensors unties them
-        planner.prepare_model(model, levers, "cpu", cast=False)
-        batch = {k: torch.empty(v.shape, dtype=v.dtype).fill_(1)
-                 for k, v in planner.make_batch(config, run, "cpu").items()}
+
+    with planner.fake_training(config, run, levers, "cpu") as (model, batch):
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
         tracker = planner.StepTracker({planner._key(p) for p in model.parameters()})
-        counter = FlopCounterMode(display=False)
-        with counter, tracker:
-            saved = copies = None
-            for micro in range(run.accumulation):
-                loss = planner.micro_batch_step(model, batch, run, levers, "cpu")
-                if micro == 0:
-                    alive = tracker.alive_ids() - {tracker.allocation_id(loss)}
-                    copies = tracker.alive_bytes(tracker.weight_copies & alive)
-                    saved = tracker.alive_bytes(alive) - copies
-                loss.backward()
-                del loss
+        with tracker:
+            saved, copies = micro_batches(model, batch, run, levers, tracker)
         gradients = sum(p.grad.numel() * p.grad.element_size()
                         for p in model.parameters() if p.grad is not None)
+        for parameter in model.parameters():
+            parameter.grad = None
+        counter = FlopCounterMode(display=False)
+        with counter:
+            micro_batches(model, batch, run, levers)
     parts = {"weights": weights, "gradients": gradients, "activations": saved,
              "autocast weight copies": copies}
     return {"peak_bytes": weights + tracker.peak_bytes, "parts": parts,
@@ -180,32 +183,76 @@ def measure_fake(case):
             "phase": "forward and backward"}
 
 
-STAGE_OF = {"ddp": "DDP", "zero1": "ZeRO-1", "fsdp": "FSDP2, keep",
-            "fsdp-reshard": "FSDP2, reshard"}
+STAGE_OF = {"ddp": "DDP", "zero1": "ZeroRedundancyOptimizer",
+            "fsdp": "FSDP2, reshard_after_forward=False", "fsdp-reshard": "FSDP2"}
+# DDP rebuilds its gradient buckets once, in the second step's forward
+# (torch/nn/parallel/distributed.py, _pre_forward: reducer._rebuild_buckets(); "It may
+# allocate new buckets before deallocating old buckets"): measured on distilbert-tiny
+# with DDP, the second step's peak holds a second copy of the gradients (+499,976
+# bytes) that the third and every later step does not. The plan is of a step in the
+# steady state: the third step is measured.
+PROCESS_STEPS = {"steps": 3, "measured_step": 3}
 
 
-def measure_processes(case):
-    """Lesson 06's 2-process step, or Local SGD's."""
+def processes_worker(accelerator, jobs, models):
+    """Every 2-process configuration in one launch: lesson 06's ``train_stage`` for each
+    sharding (a fresh copy of the model each), the Local SGD loop for the others."""
+    import copy
+
     from helpers import sharding
 
-    if case.levers.local_sgd_every:
-        return measure_local_sgd(case)
-    config = planner.load_config(case.model)
-    size = "tiny" if "tiny" in case.model else "base"
+    group = sharding.cpu_mesh().get_group()
+    results = []
+    for job in jobs:
+        model = copy.deepcopy(models[job["size"]])
+        if job["every"]:
+            results.append(local_sgd_worker(accelerator, model, job["batch"],
+                                            job["every"], 2 * job["every"]))
+        else:
+            results.append(sharding.train_stage(job["stage"], job["settings"], model,
+                                                group))
+    return results
+
+
+def measure_processes_all(grid):
+    """{case name: measurement} of every 2-process case of ``grid``, in one launch."""
+    from helpers import sharding
+    from helpers.launcher import run_in_processes
     from helpers.models import build_model
 
-    model = build_model(size, initialise_once=True)
-    settings = {"micro_batch_size": case.run.batch, "sequence_length": case.run.seq}
-    report = sharding.launch(STAGE_OF[case.levers.sharding], model, settings)
-    ranks = report["ranks"]
-    sent = sharding.ring_bytes([r["events"] for r in ranks])
-    rank = max(ranks, key=lambda r: r["peak_bytes"])
-    rest = rank["rest_bytes"]
-    del config
-    return {"peak_bytes": rank["peak_bytes"], "sent_bytes": sent,
+    chosen = [case for case in grid if case.how == "processes"]
+    if not chosen:
+        return {}
+    sizes = {("tiny" if "tiny" in case.model else "base") for case in chosen}
+    models = {size: build_model(size, initialise_once=True) for size in sizes}
+    jobs = []
+    for case in chosen:
+        size = "tiny" if "tiny" in case.model else "base"
+        config = planner.load_config(case.model)
+        jobs.append({"size": size, "every": case.levers.local_sgd_every,
+                     "batch": planner.make_batch(config, case.run, "cpu"),
+                     "stage": STAGE_OF[case.levers.sharding],
+                     "settings": {**sharding.SETTINGS, **PROCESS_STEPS,
+                                  "micro_batch_size": case.run.batch,
+                                  "sequence_length": case.run.seq}})
+    results = run_in_processes(processes_worker, (jobs, models), preload=False)
+    measured = {}
+    for case, result in zip(chosen, results, strict=True):
+        if case.levers.local_sgd_every:
+            sent = sharding.ring_bytes(result["events"]) / result["steps"]
+            measured[case.name] = {"peak_bytes": None, "sent_bytes": sent,
+                                   "parts": {}, "flops": None}
+            continue
+        ranks = result["ranks"]
+        rank = max(ranks, key=lambda r: r["peak_bytes"])
+        rest = rank["rest_bytes"]
+        measured[case.name] = {
+            "peak_bytes": rank["peak_bytes"],
+            "sent_bytes": sharding.ring_bytes([r["events"] for r in ranks]),
             "parts": {"weights": rest["weights"], "gradients": rest["gradients"],
                       "optimizer state": rest["optimizer state"]},
             "flops": None}
+    return measured
 
 
 def local_sgd_worker(accelerator, model, batch, every, steps):
@@ -232,23 +279,6 @@ def local_sgd_worker(accelerator, model, batch, every, steps):
     return {"events": per_rank, "steps": steps}
 
 
-def measure_local_sgd(case):
-    from helpers import sharding
-    from helpers.launcher import run_in_processes
-    from helpers.models import build_model
-
-    size = "tiny" if "tiny" in case.model else "base"
-    model = build_model(size, initialise_once=True)
-    config = planner.load_config(case.model)
-    batch = planner.make_batch(config, case.run, "cpu")
-    steps = 2 * case.levers.local_sgd_every
-    report = run_in_processes(local_sgd_worker,
-                              (model, batch, case.levers.local_sgd_every, steps),
-                              preload=False)
-    sent = sharding.ring_bytes(report["events"]) / steps
-    return {"peak_bytes": None, "sent_bytes": sent, "parts": {}, "flops": None}
-
-
 def cases():
     """The grid: families and sizes, batch, sequence, accumulation, checkpointing,
     precision, optimizer; real where it fits, fake beyond, 2 processes."""
@@ -271,42 +301,49 @@ def cases():
                 ((2, 128), 3, False, "float32", "adafactor"),
                 ((1, 16), 1, False, "float16", "adamw"),
                 ((16, 32), 1, True, "float32", "adamw"),
+                ((4, 64), 2, True, "float32", "adamw"),
+                ((2, 32), 3, True, "bfloat16", "sgd"),
+                ((4, 32), 2, True, "float16", "adafactor"),
         ]:
             grid.append(Case(model, Run(batch, seq, accumulation),
                              Levers(checkpointing, precision, optimizer), "real"))
     for (batch, seq), accumulation, checkpointing, precision, optimizer in [
+            # 65 million parameters: each step costs seconds, so three of them; the
+            # fake rows and the processes cover this model's other levers
             ((1, 32), 1, False, "float32", "adamw"),
-            ((2, 64), 1, True, "float32", "adamw"),
-            ((2, 64), 2, False, "bfloat16", "adamw"),
-            ((1, 128), 1, False, "float32", "sgd"),
-            ((2, 32), 1, False, "bfloat16-pure", "adamw"),
+            ((2, 64), 2, True, "bfloat16", "adamw"),
+            ((2, 32), 1, False, "bfloat16-pure", "sgd"),
     ]:
         grid.append(Case("distilbert-base-cased", Run(batch, seq, accumulation),
                          Levers(checkpointing, precision, optimizer), "real"))
-    for model in ("gpt2", "bert-large-uncased", "llama-2-7b", "llama-3.1-8b",
-                  "distilbert-base-cased"):
-        for (batch, seq), accumulation, checkpointing, precision in [
-                ((1, 128), 1, False, "float32"),
-                ((2, 256), 1, True, "float32"),
-                ((2, 256), 1, False, "bfloat16"),
-                ((4, 512), 1, True, "bfloat16"),
-                ((1, 512), 2, False, "bfloat16-pure"),
-                ((4, 128), 1, False, "float16"),
-                ((2, 512), 1, True, "bfloat16-pure"),
-                ((1, 1024), 1, False, "float32"),
-        ]:
+    fake_rows = [((1, 128), 1, False, "float32"),
+                 ((2, 256), 1, True, "float32"),
+                 ((2, 256), 1, False, "bfloat16"),
+                 ((4, 512), 1, True, "bfloat16"),
+                 ((1, 512), 2, False, "bfloat16-pure"),
+                 ((4, 128), 1, False, "float16"),
+                 ((2, 512), 1, True, "bfloat16-pure"),
+                 ((1, 1024), 1, False, "float32")]
+    # a fake step costs time per layer: every row for the shallow models, four (each
+    # lever once) for those of 24 and 32 layers
+    deep = [fake_rows[i] for i in (1, 3, 4, 5)]
+    for model, rows in (("gpt2", fake_rows), ("distilbert-base-cased", fake_rows),
+                        ("bert-large-uncased", deep), ("llama-2-7b", deep),
+                        ("llama-3.1-8b", deep)):
+        for (batch, seq), accumulation, checkpointing, precision in rows:
             if model.startswith("distilbert") or model.startswith("bert"):
                 seq = min(seq, 512)
             grid.append(Case(model, Run(batch, seq, accumulation),
                              Levers(checkpointing, precision), "fake"))
     for model, (batch, seq) in [("distilbert-tiny", (2, 16)),
                                 ("distilbert-tiny", (4, 64)),
+                                ("distilbert-tiny", (8, 32)),
                                 ("distilbert-base-cased", (2, 16))]:
         for sharding in ("ddp", "zero1", "fsdp", "fsdp-reshard"):
             grid.append(Case(model, Run(batch, seq, keep_gradients=True),
                              Levers(sharding=sharding, devices=2,
                                     optimizer_implementation="fused"), "processes"))
-    for every in (1, 4):
+    for every in (1, 2, 4):
         grid.append(Case("distilbert-tiny", Run(2, 16),
                          Levers(sharding="ddp", devices=2, local_sgd_every=every),
                          "processes"))
@@ -343,7 +380,7 @@ def predicted(case):
     return row
 
 
-MEASURE = {"real": measure_real, "fake": measure_fake, "processes": measure_processes}
+MEASURE = {"real": measure_real, "fake": measure_fake}
 
 
 # --- published runs (../shared/anchors/published_runs.md) ----------------------------
@@ -435,29 +472,90 @@ def error(prediction, measurement):
     return (prediction - measurement) / measurement
 
 
-def validate(grid, verbose=True, on_row=None):
-    rows = []
-    for case in grid:
-        started = time.perf_counter()
-        guess = predicted(case)
+def make_row(case, measured=None, seconds=0.0):
+    """The row of one case: predicted, measured (here unless given) and the errors."""
+    started = time.perf_counter()
+    guess = predicted(case)
+    if measured is None:
         measured = MEASURE[case.how](case)
-        row = {"case": case.name, "how": case.how,
-               "predicted": guess, "measured": measured,
-               "errors": {"peak": error(guess["peak_bytes"], measured["peak_bytes"]),
-                          "flops": error(guess["flops"], measured["flops"]),
-                          "sent_bytes_apart": (None if measured["sent_bytes"] is None
-                                               else guess["sent_bytes"]
-                                               - measured["sent_bytes"])},
-               "seconds": round(time.perf_counter() - started, 3)}
-        for part in PARTS:
-            if part in measured["parts"] and measured["parts"][part] is not None:
-                row["errors"][part] = error(guess["parts"][part],
-                                            measured["parts"][part])
+    row = {"case": case.name, "how": case.how,
+           "predicted": guess, "measured": measured,
+           "errors": {"peak": error(guess["peak_bytes"], measured["peak_bytes"]),
+                      "flops": error(guess["flops"], measured["flops"]),
+                      "sent_bytes_apart": (None if measured["sent_bytes"] is None
+                                           else guess["sent_bytes"]
+                                           - measured["sent_bytes"])},
+           "seconds": round(time.perf_counter() - started + seconds, 3)}
+    for part in PARTS:
+        if part in measured["parts"] and measured["parts"][part] is not None:
+            row["errors"][part] = error(guess["parts"][part], measured["parts"][part])
+    return row
+
+
+def _one_thread_worker():
+    torch.set_num_threads(1)
+
+
+def validate(grid, verbose=True, on_row=None, workers=None):
+    """The rows of ``grid``: the 2-process cases in one launch, then the others in
+    ``workers`` processes at once (one per core: each measures with one thread, and
+    what is measured is bytes and FLOPs counted, never time)."""
+    import multiprocessing
+    import os
+
+    rows = []
+
+    def add(row):
         rows.append(row)
         if verbose:
             print(format_row(row), flush=True)
         if on_row is not None:
             on_row(rows)
+
+    started = time.perf_counter()
+    launched = measure_processes_all(grid)
+    share = (time.perf_counter() - started) / max(len(launched), 1)
+    for case in grid:
+        if case.how == "processes":
+            add(make_row(case, launched[case.name], share))
+    alone = [case for case in grid if case.how != "processes"]
+    workers = workers or min(len(os.sched_getaffinity(0)), 4)
+    if workers == 1 or len(alone) < 2:
+        for case in alone:
+            add(make_row(case))
+        return rows
+    # forked processes (the cases travel with the fork, never pickled: the tests load
+    # this file under another name); each sends back its rows, in any order
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+
+    def work(share):
+        _one_thread_worker()
+        for index in share:
+            try:
+                queue.put((index, make_row(alone[index]), None))
+            except Exception as failure:  # noqa: BLE001 - reported by the parent
+                queue.put((index, None, f"{alone[index].name}: {failure!r}"))
+
+    processes = [context.Process(target=work, args=(range(i, len(alone), workers),))
+                 for i in range(workers)]
+    for process in processes:
+        process.start()
+    done = {}
+    try:
+        for _ in alone:
+            index, row, failure = queue.get(timeout=600)
+            if failure:
+                raise RuntimeError(f"a validation worker failed on {failure}")
+            done[index] = row
+            add(row)
+    finally:
+        for process in processes:
+            process.join(timeout=5)
+            if process.is_alive():
+                process.terminate()
+    first = len(rows) - len(alone)
+    rows[first:] = [done[i] for i in range(len(alone))]  # the grid's order
     return rows
 
 
