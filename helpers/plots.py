@@ -132,6 +132,7 @@ def course_map_figure(lessons):
 GRAPH_LAYOUT = {"x": (0, 1), "A": (1.3, 1.8), "B": (1.3, 0.2), "C": (2.6, 1),
                 "loss": (3.9, 1)}
 GRAPH_EDGES = [("x", "A"), ("x", "B"), ("A", "C"), ("B", "C"), ("C", "loss")]
+NEUTRAL_NODE_COLOUR = "#e0e0e0"  # a node before any choice of what to keep
 
 
 def recompute_graph_figure(statuses_by_mode, labels=None, panel_size=(4.2, 3.2)):
@@ -139,9 +140,11 @@ def recompute_graph_figure(statuses_by_mode, labels=None, panel_size=(4.2, 3.2))
 
     ``statuses_by_mode`` maps a mode name to {node: status}, status one of
     'input', 'kept' (held for backward), 'recomputed' (ran again in backward), 'not
-    kept'. ``labels`` optionally maps a node to the text drawn in it. ``panel_size`` is
-    one panel's (width, height) in inches: a wide, low panel sits under a bullet on a
-    slide.
+    kept'. A node without a status is drawn in a neutral grey: ``{}`` draws the bare
+    graph, before any choice of what to keep. The legend lists the statuses drawn, and
+    is left out when there are none. ``labels`` optionally maps a node to the text drawn
+    in it. ``panel_size`` is one panel's (width, height) in inches: a wide, low panel
+    sits under a bullet on a slide.
     """
     _require_some(statuses_by_mode, "statuses_by_mode", "mode name mapped to {node: "
                                                         "status}")
@@ -174,23 +177,24 @@ def recompute_graph_figure(statuses_by_mode, labels=None, panel_size=(4.2, 3.2))
                 arrowprops=dict(arrowstyle="->", shrinkA=17, shrinkB=17, color="black"),
             )
         for node, (x, y) in GRAPH_LAYOUT.items():
-            status = statuses.get(node, "not kept")
-            ax.scatter(
-                [x], [y], s=1300, c=STATUS_COLOURS[status], edgecolors="black", zorder=3
-            )
+            colour = STATUS_COLOURS.get(statuses.get(node), NEUTRAL_NODE_COLOUR)
+            ax.scatter([x], [y], s=1300, c=colour, edgecolors="black", zorder=3)
             ax.text(x, y, labels.get(node, node), ha="center", va="center", fontsize=11,
                     zorder=4)
         ax.set_title(mode, fontsize=12)
         ax.set_xlim(-0.5, 4.4)
         ax.set_ylim(-0.4, 2.4)
         ax.axis("off")
+    drawn = {s for statuses in statuses_by_mode.values() for s in statuses.values()}
     handles = [
         axes[0].scatter([], [], s=120, c=colour, edgecolors="black", label=status)
-        for status, colour in STATUS_COLOURS.items()
+        for status, colour in STATUS_COLOURS.items() if status in drawn
     ]
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False)
-    # the legend's height, whatever the panel's
-    fig.subplots_adjust(bottom=0.18 * 3.2 / height)
+    if handles:  # the bare graph needs no legend
+        fig.legend(handles=handles, loc="lower center", ncol=len(handles),
+                   frameon=False)
+        # the legend's height, whatever the panel's
+        fig.subplots_adjust(bottom=0.18 * 3.2 / height)
     return fig
 
 

@@ -9,6 +9,7 @@ import io
 import matplotlib.pyplot as plt
 import pytest
 import torch
+from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 
 from helpers import plots
@@ -239,6 +240,17 @@ def test_a_figure_with_its_panels_and_words(name):
                                                      f"shows {sorted(shown)}")
     # it renders (Agg, without touching pyplot's backend)
     fig.savefig(io.BytesIO(), format="png")
+
+
+def test_the_bare_recompute_graph_is_neutral_and_has_no_legend():
+    bare = plots.recompute_graph_figure({"the example": {}})
+    colours = {tuple(c.get_facecolor()[0]) for c in bare.axes[0].collections}
+    assert colours == {to_rgba(plots.NEUTRAL_NODE_COLOUR)}  # no status, no colour
+    assert not bare.legends
+    # with statuses, the legend lists only those drawn
+    fig = plots.recompute_graph_figure({"m": {"x": "input", "A": "kept"}})
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend == ["input", "kept"]
 
 
 def test_a_published_ratio_is_drawn_hatched_after_the_measured_machines():

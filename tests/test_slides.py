@@ -101,11 +101,11 @@ def test_set_up_code_is_skipped(lesson, read_notebook):
 
 
 def test_the_a_plus_b_bullets_are_revealed_one_at_a_time(read_notebook):
-    # each bullet of the slide's A + B = C example is a fragment, or opens a sub-slide
+    # each bullet of the slide's A, B and C example is a fragment, or opens a sub-slide
     # of its own (its measurement comes with it, and a slide holds only so much code)
     lesson = next(p for p in LESSONS if p.stem.startswith("01_"))
-    bullets = ["**Compute A + B = C", "**A and B are not needed", "**Should we keep A "
-                                                                  "and B",
+    bullets = ["**Compute C from A and B", "**A and B are not needed",
+               "**Should we keep A and B",
                "**Without checkpointing", "**With checkpointing", "**If recomputing B "
                                                                   "is expensive"]
     sources = {"".join(cell["source"]): slide_type(cell)
