@@ -974,14 +974,16 @@ PLAN_PART_COLOURS = {  # one colour per part of a plan (helpers.planner.Plan.par
     "transient": "#a6761d", "context": "#bdbdbd"}
 
 
-def plan_breakdown_figure(parts, lessons=None, device_bytes=None, title=None):
+def plan_breakdown_figure(parts, lessons=None, device_bytes=None, title=None,
+                          unit=None):
     """Lesson 07: one device's memory in a training step, part by part, each part
     labelled with the lesson that measured it.
 
     ``parts`` maps a part's name to its bytes (a plan's parts, e.g. weights, gradients,
     optimizer state, activations); ``lessons`` maps a part's name to the lesson that
     measured it (a few words, shown under the part's name); ``device_bytes`` draws one
-    device's memory as a dashed line.
+    device's memory as a dashed line. ``unit``: "GB" (10**9 bytes, as GPUs are sold),
+    "GiB" or "MiB"; None picks GiB or MiB by size.
     """
     if not isinstance(parts, dict):
         raise ValueError(f"parts must be a dict of part name -> bytes, got "
@@ -995,9 +997,15 @@ def plan_breakdown_figure(parts, lessons=None, device_bytes=None, title=None):
                                      or device_bytes <= 0):
         raise ValueError(f"device_bytes must be a number > 0 (one device's memory) or "
                          f"None, got {device_bytes!r}")
+    units = {"GB": 10**9, "GiB": GiB, "MiB": MiB}
+    if unit is not None and unit not in units:
+        raise ValueError(f"unit must be one of {', '.join(units)} or None, got "
+                         f"{unit!r}")
     lessons = lessons or {}
     total = sum(parts.values())
-    scale, unit = (GiB, "GiB") if max(total, device_bytes or 0) >= GiB else (MiB, "MiB")
+    if unit is None:
+        unit = "GiB" if max(total, device_bytes or 0) >= GiB else "MiB"
+    scale = units[unit]
     fig = Figure(figsize=(10, 3.2))
     ax = fig.add_subplot()
     left = 0.0
@@ -1044,14 +1052,14 @@ def plan_breakdown_figure(parts, lessons=None, device_bytes=None, title=None):
     return fig
 
 
-def published_runs_figure(rows):
+def published_runs_figure(rows, title=None):
     """Lesson 07: each published run's memory as predicted, against what its owners
     measured: the planner beside the formula baselines.
 
     ``rows`` hold 'run' (its name) and, for each predictor, '<predictor>_error' (a
     signed fraction: -0.1 is 10 % under the measured memory): 'error' (the planner),
     'playbook_error' and 'accelerate_error'; a predictor whose key is missing in every
-    row is left out.
+    row is left out. ``title``: where the runs were published.
     """
     _require_rows(rows, "rows", ("run", "error"))
     predictors = {"error": ("this course's planner", HIGHLIGHT, "o"),
@@ -1081,6 +1089,8 @@ def published_runs_figure(rows):
     ax.set_xlabel("predicted vs measured peak memory (%): left, under; right, over")
     ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.grid(axis="x", alpha=0.3)
+    if title:
+        ax.set_title(title, fontsize=10)
     fig.tight_layout()
     return fig
 

@@ -195,10 +195,10 @@ GOOD = {
          "one device: 74.5 GiB", "GiB on one device, at the step's peak", "a plan"],
     ),
     "published_runs_figure": (
-        dict(rows=PUBLISHED),
+        dict(rows=PUBLISHED, title="Transformers' docs"),
         1,
         ["baseline", "Adafactor", "this course's planner",
-         "accelerate estimate-memory", "within 15 %"],
+         "accelerate estimate-memory", "within 15 %", "Transformers' docs"],
     ),
     "planner_error_figure": (
         dict(errors={"float32": [0.0, 0.001], "bfloat16": [-0.2, 0.0]}),
@@ -395,6 +395,8 @@ BAD = [
      r"parts\['weights'\] must be a finite number of bytes >= 0"),
     ("plan_breakdown_figure", dict(parts=PLAN_PARTS, device_bytes=0),
      "device_bytes must be a number > 0"),
+    ("plan_breakdown_figure", dict(parts=PLAN_PARTS, unit="GB/s"),
+     "unit must be one of GB, GiB, MiB"),
     ("published_runs_figure", dict(rows=[{"run": "baseline"}]),
      r"rows\[0\] lacks 'error'"),
     ("published_runs_figure", dict(rows=[{**PUBLISHED[0], "error": None}]),
@@ -458,6 +460,14 @@ def test_the_plan_figure_stacks_each_part_in_order():
     ax = plots.plan_breakdown_figure(PLAN_PARTS).axes[0]
     ends = [round(bar.get_x() + bar.get_width(), 6) for bar in ax.patches]
     assert ends == [2.0, 4.0, 8.0, 11.0]  # GiB: weights, gradients, state, activations
+
+
+def test_the_plan_figure_draws_in_the_unit_asked():
+    ax = plots.plan_breakdown_figure(PLAN_PARTS, device_bytes=80e9, unit="GB").axes[0]
+    assert round(ax.patches[0].get_width(), 6) == round(PLAN_PARTS["weights"] / 1e9, 6)
+    words = [text.get_text() for text in ax.texts]
+    assert "one device: 80.0 GB" in words
+    assert ax.get_xlabel() == "GB on one device, at the step's peak"
 
 
 def test_the_published_figure_places_each_error_in_percent():

@@ -198,9 +198,10 @@ def colleague(per_parameter=(2, 2, 4), activations=None, fits=None):
 
 COLLEAGUE_PLAN = core.Exercise(
     "7.3", measure_plan, intended_plan, name="fixed_plan", mistakes=[
-        ("2 + 2 + 4 is `accelerate estimate-memory`'s 8 bytes per parameter for "
-         "mixed-precision Adam. A PyTorch autocast step keeps float32 weights, float32 "
-         "gradients and float32 AdamW state (lesson 5).", colleague()),
+        ("8 bytes per parameter is what `accelerate estimate-memory` prints for "
+         "mixed-precision Adam (the largest of its parts, the optimizer state); the "
+         "split 2 + 2 + 4 is the colleague's. A PyTorch autocast step keeps float32 "
+         "weights, float32 gradients and float32 AdamW state (lesson 5).", colleague()),
         ("2 + 2 + 12 is the Playbook's layout, bfloat16 weights beside float32 master "
          "weights. Autocast keeps only float32 weights, and makes its bfloat16 copies "
          "during the step (lesson 5).", colleague((2, 2, 12))),
@@ -215,8 +216,8 @@ COLLEAGUE_PLAN = core.Exercise(
         f"{got['weights']:.0f} + {got['gradients']:.0f} + "
         f"{got['optimizer state']:.0f} bytes per parameter, and "
         f"{got['activations'] / 1e9:.0f} GB of activations per GPU: the run does "
-        f"{'' if got[FITS] else 'NOT '}fit 80 GB. The colleague counted "
-        "accelerate's 8 bytes per parameter and no activations."))
+        f"{'' if got[FITS] else 'NOT '}fit 80 GB. The colleague counted 8 bytes "
+        "per parameter (accelerate's figure) and no activations."))
 
 
 @core.checker(COLLEAGUE_PLAN)
