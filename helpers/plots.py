@@ -974,6 +974,9 @@ PLAN_PART_COLOURS = {  # one colour per part of a plan (helpers.planner.Plan.par
     "transient": "#a6761d", "context": "#bdbdbd"}
 
 
+LABEL_BOX = dict(boxstyle="square,pad=0.1", facecolor="white", edgecolor="none")
+
+
 def plan_breakdown_figure(parts, lessons=None, device_bytes=None, title=None,
                           unit=None):
     """Lesson 07: one device's memory in a training step, part by part, each part
@@ -1027,7 +1030,8 @@ def plan_breakdown_figure(parts, lessons=None, device_bytes=None, title=None,
         last_x[above] = x
         ax.annotate(label, (x, 0.4 if above else -0.4),
                     xytext=(0, 6 if above else -6), textcoords="offset points",
-                    ha="center", va="bottom" if above else "top", fontsize=8)
+                    ha="center", va="bottom" if above else "top", fontsize=8,
+                    bbox=LABEL_BOX)  # the device's dashed line passes behind it
         if x > left + width / 2 + 1e-9:  # a pushed label points at its part
             ax.plot([left + width / 2, x], [0.3 if above else -0.3,
                                             0.45 if above else -0.45],
