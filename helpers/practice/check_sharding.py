@@ -167,9 +167,10 @@ def saving(method, writer=0):  # every process calls a method of each entry; 0 w
 WROTE, LOADS = "processes that wrote it", "loaded with torch.load defaults"
 CHECKPOINT = core.Exercise(
     "6.3", _saved, intended=saving("full_tensor"), name="fixed_save", mistakes=(
-        ("the file holds DTensors, each process's slice, which a single process cannot "
-         "load: gather each whole first (`.full_tensor()`, or `get_model_state_dict` "
-         "with `full_state_dict=True`), in every process.", colleague_save),
+        ("the file holds DTensors, each process's slice, which `torch.load`'s defaults "
+         "refuse outside the process group: gather each whole first "
+         "(`.full_tensor()`, or `get_model_state_dict` with `full_state_dict=True`), "
+         "in every process.", colleague_save),
         ("`.to_local()` gives this process's slice, half of each tensor, so the "
          "unsharded model refuses the file: `.full_tensor()` all-gathers the whole "
          "one.", saving("to_local")),
