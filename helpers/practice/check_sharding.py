@@ -18,8 +18,7 @@ from helpers.units import MiB
 
 STAGES = {"DDP": (), "ZeRO-1": ("state",), "ZeRO-2": ("gradients", "state"),
           "ZeRO-3": ("weights", "gradients", "state")}  # stage -> what it divides by n
-# bytes a step sends / DDP's, measured in lesson 6 and its lab: ZeroRedundancyOptimizer,
-# fully_shard without resharding (lab), with reshard_after_forward=True on every group
+# bytes sent / DDP's, measured in lesson 6 and lab 6 (ZeRO-2: fully_shard, no reshard)
 SENT = {"DDP": 1.0, "ZeRO-1": 1.5, "ZeRO-2": 1.0, "ZeRO-3": 1.5}
 _held = {}  # 6.3's mistakes' outcomes, weighed in the intended answer's launch, not 3
 
