@@ -19,7 +19,9 @@ import re
 IN_RANGE, OUT_OF_RANGE = "in range", "OUT OF RANGE"
 # The summary's contract, in one place: print_measured writes it; make bench, make
 # reference, make run-twice, the tests and nbval's sanitizer read it with what follows.
-SUMMARY_HEADER = "Measured in this lesson"  # the line above a summary's values
+# the line above a summary's values: a lesson's, or its lab's
+SUMMARY_HEADERS = ("Measured in this lesson", "Measured in this lab")
+SUMMARY_HEADER = SUMMARY_HEADERS[0]
 OUTSIDE_TEXT = "outside the range"  # in every warning that a value fell outside
 # a range-checked line's value; tests/nbval_sanitize.cfg holds this pair (a test checks)
 MEASURED_VALUE = (r"(\w+): -?(\d+(\.\d*)?|nan|inf)  \(expected",
@@ -67,7 +69,7 @@ def measured_line(name, value, expected_range=None, digits=3):
     return f"{name}: {shown}  ({range_text(low, high)}): {verdict(value, low, high)}"
 
 
-def print_measured(measured, expected, digits=3):
+def print_measured(measured, expected, digits=3, where="lesson"):
     """Print a lesson's summary: every ``measured`` value, range-checked where
     ``expected`` names a range.
 
@@ -79,7 +81,10 @@ def print_measured(measured, expected, digits=3):
     if unknown:
         raise KeyError("EXPECTED names values that were not measured: "
                        f"{', '.join(sorted(unknown))}")
-    print(SUMMARY_HEADER)
+    header = f"Measured in this {where}"
+    if header not in SUMMARY_HEADERS:
+        raise ValueError(f"where is 'lesson' or 'lab', not {where!r}")
+    print(header)
     outside = []
     for name, value in measured.items():
         line = measured_line(name, value, expected.get(name), digits)
@@ -106,10 +111,11 @@ def parse_value(text):
 
 def summary_lines(text):
     """``{name: what was printed after "name: "}`` for the lines a summary printed
-    below its ``SUMMARY_HEADER``; {} when ``text`` holds no summary."""
-    if SUMMARY_HEADER not in text:
+    below one of ``SUMMARY_HEADERS``; {} when ``text`` holds no summary."""
+    header = next((h for h in SUMMARY_HEADERS if h in text), None)
+    if header is None:
         return {}
-    lines = text.split(SUMMARY_HEADER, 1)[1].strip().splitlines()
+    lines = text.split(header, 1)[1].strip().splitlines()
     return dict(line.split(": ", 1) for line in lines if ": " in line)
 
 

@@ -20,7 +20,7 @@ from helpers.ranges import (
     IN_RANGE,
     MEASURED_VALUE,
     OUT_OF_RANGE,
-    SUMMARY_HEADER,
+    SUMMARY_HEADERS,
     in_range,
     measured_line,
     parse_value,
@@ -89,8 +89,8 @@ def test_every_reader_gets_back_what_the_summary_line_wrote(value, bounds):
         assert shown == f"{value:.3f}" and written_range == range_text(*bounds)
         assert written_verdict == (IN_RANGE if in_range(value, *bounds)
                                    else OUT_OF_RANGE)
-    printed = f"{SUMMARY_HEADER}\n{name}: {text}\n"
-    assert summary_lines(printed) == {"ratio": text}
+    for header in SUMMARY_HEADERS:  # a lesson's or a lab's
+        assert summary_lines(f"{header}\n{name}: {text}\n") == {"ratio": text}
     assert summary_lines("no summary here") == {}
 
 
@@ -237,6 +237,13 @@ def test_the_summary_table_gives_each_value_its_meaning_and_no_verdict():
                         "relies on** |")
     assert table[4] == "| optimizer steps | 252 |"
     assert not any("in range" in row or "expected" in row for row in table)
+
+
+def test_a_labs_summary_says_so_and_nothing_else_is_accepted(capsys):
+    print_measured({"a": 1}, {}, where="lab")
+    assert capsys.readouterr().out.splitlines() == ["Measured in this lab", "a: 1"]
+    with pytest.raises(ValueError, match="'lesson' or 'lab'"):
+        print_measured({"a": 1}, {}, where="chapter")
 
 
 def test_the_summary_table_says_what_each_value_means_in_a_third_column():

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench.py, beside thi
 from bench import measured_lines  # noqa: E402
 
 from helpers.paths import REPO_ROOT  # noqa: E402
-from helpers.ranges import SUMMARY_HEADER, parse_value  # noqa: E402
+from helpers.ranges import SUMMARY_HEADERS, parse_value  # noqa: E402
 
 LESSON = REPO_ROOT / "notebooks" / "05_mixed_precision.ipynb"
 LAB = REPO_ROOT / "notebooks" / "05_mixed_precision_lab.ipynb"
@@ -94,7 +94,7 @@ def main(out_dir):
         printed = measured_lines(notebook)
         if not printed:
             raise SystemExit(f"record_reference: {path.name} printed no summary "
-                             f"({SUMMARY_HEADER!r})")
+                             f"({' or '.join(map(repr, SUMMARY_HEADERS))})")
         lines.update(printed)
     record = machine()
     record["figures"], record["verdicts"] = figures(lines)

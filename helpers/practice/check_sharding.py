@@ -18,8 +18,7 @@ from helpers.units import MiB
 
 STAGES = {"DDP": (), "ZeRO-1": ("state",), "ZeRO-2": ("gradients", "state"),
           "ZeRO-3": ("weights", "gradients", "state")}  # stage -> what it divides by n
-# bytes a step sends / DDP's, measured in lesson 6 and its lab: ZeroRedundancyOptimizer,
-# fully_shard without resharding (lab), with reshard_after_forward=True on every group
+# bytes sent / DDP's, measured in lesson 6 and lab 6 (ZeRO-2: fully_shard, no reshard)
 SENT = {"DDP": 1.0, "ZeRO-1": 1.5, "ZeRO-2": 1.0, "ZeRO-3": 1.5}
 _held = {}  # 6.3's mistakes' outcomes, weighed in the intended answer's launch, not 3
 
@@ -167,9 +166,10 @@ def saving(method, writer=0):  # every process calls a method of each entry; 0 w
 WROTE, LOADS = "processes that wrote it", "loaded with torch.load defaults"
 CHECKPOINT = core.Exercise(
     "6.3", _saved, intended=saving("full_tensor"), name="fixed_save", mistakes=(
-        ("the file holds DTensors, each process's slice, which a single process cannot "
-         "load: gather each whole first (`.full_tensor()`, or `get_model_state_dict` "
-         "with `full_state_dict=True`), in every process.", colleague_save),
+        ("the file holds DTensors, each process's slice, which `torch.load`'s defaults "
+         "refuse outside the process group: gather each whole first "
+         "(`.full_tensor()`, or `get_model_state_dict` with `full_state_dict=True`), "
+         "in every process.", colleague_save),
         ("`.to_local()` gives this process's slice, half of each tensor, so the "
          "unsharded model refuses the file: `.full_tensor()` all-gathers the whole "
          "one.", saving("to_local")),
