@@ -23,6 +23,7 @@ and the cheapest lever combinations that fit (``--help``). Its error is measured
 ``tools/validate_planner.py``.
 """
 import argparse
+import bisect
 import contextlib
 import dataclasses
 import functools
@@ -149,6 +150,11 @@ class Device:
     # model the caching allocator's rounding (CUDA: blocks of 512 bytes, large ones
     # in 2 MiB steps) on top of the live tensors
     allocator_rounding: bool = False
+    # replay two whole steps' allocations (fake tensors, full depth) through a model of
+    # the CUDA caching allocator (``CachingAllocator``), and add what it reserves
+    # beyond the live peak: the published runs' rule (a fake run of the whole model:
+    # seconds for BERT-large, too slow for the largest models)
+    allocator_replay: bool = False
 
     def __post_init__(self):
         if self.kind not in ("cpu", "cuda"):
@@ -987,7 +993,10 @@ def plan(model, run=None, levers=None, device=None):
     # all exist at once: the peak is then below their sum)
     parts["transient"] = int(max(peak - base - gradients - activations - copies, 0))
     reserved = peak
-    if device.allocator_rounding:
+    if device.allocator_replay:
+        reserved = peak + _allocator_overhead(
+            json.dumps(config.to_dict(), sort_keys=True, default=str), run, levers)
+    elif device.allocator_rounding:
         reserved = _reserved(peak, table, levers, run)
     sent = sent_bytes_per_step(table, run, levers)
     flops_micro = _micro_flops(first, table.layers)
@@ -1020,6 +1029,200 @@ def _reserved(peak, table, levers, run):
     rounded = sum(_round_allocation(math.prod(s) * element) - math.prod(s) * element
                   for s in table.shapes)
     return peak + 4 * rounded
+
+
+# --- the CUDA caching allocator, replayed (published runs) -------------------------
+# c10/cuda/CUDACachingAllocator.cpp: requests rounded up to 512 bytes (kMinBlockSize);
+# those of at most 1 MiB (kSmallSize) from 2 MiB segments (kSmallBuffer), those under
+# 10 MiB (kMinLargeAlloc) from 20 MiB ones (kLargeBuffer), larger ones from a segment
+# of their size rounded up to 2 MiB (kRoundLarge). A request takes the smallest cached
+# free block of its pool that holds it, split when the rest is at least 512 bytes
+# (small pool) or more than 1 MiB (large pool); a freed block merges with its free
+# neighbours; segments are never given back (no empty_cache, no out-of-memory retry).
+SMALL_SIZE, SMALL_BUFFER = MiB, 2 * MiB
+LARGE_BUFFER, MIN_LARGE_ALLOC = 20 * MiB, 10 * MiB
+
+
+class CachingAllocator:
+    """The reserve of PyTorch's CUDA caching allocator for a sequence of allocations and
+    frees (one stream, default settings, no ``expandable_segments``)."""
+
+    def __init__(self):
+        self.free = {True: [], False: []}  # small pool?: sorted [(size, start)]
+        # start -> [end, free, small]; addresses are offsets in one line of segments
+        self.blocks = {}
+        self.ends = {}  # end -> start of the block ending there
+        self.top = 0  # where the next segment starts
+        self.segment_ends = set()
+        self.reserved = self.live = self.peak_live = 0
+
+    def _add(self, start, end, free, small):
+        self.blocks[start] = [end, free, small]
+        self.ends[end] = start
+        if free:
+            bisect.insort(self.free[small], (end - start, start))
+
+    def _remove(self, start):
+        end, free, small = self.blocks.pop(start)
+        del self.ends[end]
+        if free:
+            self.free[small].remove((end - start, start))
+        return end
+
+    def malloc(self, nbytes):
+        """The address of a block for ``nbytes``."""
+        size = max(512, math.ceil(nbytes / 512) * 512)
+        small = size <= SMALL_SIZE
+        pool = self.free[small]
+        index = bisect.bisect_left(pool, (size, -1))
+        if index < len(pool):
+            start = pool[index][1]
+            end = self._remove(start)
+        else:  # a new segment
+            held = (SMALL_BUFFER if small else LARGE_BUFFER if size < MIN_LARGE_ALLOC
+                    else math.ceil(size / (2 * MiB)) * 2 * MiB)
+            start, end = self.top, self.top + held
+            self.top = end
+            self.segment_ends.add(end)
+            self.reserved += held
+        rest = end - start - size
+        if rest >= 512 if small else rest > SMALL_SIZE:
+            self._add(start + size, end, True, small)
+            end = start + size
+        self._add(start, end, False, small)
+        self.live += end - start
+        self.peak_live = max(self.peak_live, self.live)
+        return start
+
+    def release(self, start):
+        end, _, small = self.blocks[start]
+        self.live -= end - start
+        self._remove(start)
+        # merge with free neighbours in the same segment
+        if end not in self.segment_ends and self.blocks.get(end, [0, False])[1]:
+            end = self._remove(end)
+        before = self.ends.get(start)
+        if (before is not None and self.blocks[before][1]
+                and start not in self.segment_ends):
+            self._remove(before)
+            start = before
+        self._add(start, end, True, small)
+
+
+def replay_reserved(events):
+    """(peak reserved, peak of the blocks handed out) of the caching allocator for a
+    tracker's events, [(allocation id, change in bytes)]: a storage that grows is freed
+    and allocated again at its new size."""
+    allocator = CachingAllocator()
+    held, address = {}, {}
+    peak = 0
+    for alloc, change in events:
+        old = held.get(alloc, 0)
+        if old:
+            allocator.release(address.pop(alloc))
+        new = old + change
+        held[alloc] = new
+        if new > 0:
+            address[alloc] = allocator.malloc(new)
+        peak = max(peak, allocator.reserved)
+    return peak, allocator.peak_live
+
+
+class _EightBitAdamState(torch.optim.Optimizer):
+    """The memory bitsandbytes' 8-bit AdamW allocates (its arithmetic needs a GPU): per
+    parameter of at least 4,096 values two uint8 moments and a float32 scale per block
+    of 256 values each, float32 moments under that (its ``min_8bit_size``)."""
+
+    def __init__(self, params):
+        super().__init__(params, {})
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    if p.numel() < 4096:
+                        state["state1"] = torch.zeros_like(p, dtype=torch.float32)
+                        state["state2"] = torch.zeros_like(p, dtype=torch.float32)
+                    else:
+                        blocks = math.ceil(p.numel() / 256)
+                        for i in (1, 2):
+                            state[f"state{i}"] = torch.zeros_like(p, dtype=torch.uint8)
+                            state[f"absmax{i}"] = torch.zeros(blocks)
+                p.add_(p.grad, alpha=-1e-3)
+
+
+def step_optimizer(model, levers):
+    """The optimizer of ``levers`` for a replayed step: PyTorch's AdamW or SGD (their
+    for-loop, foreach or fused implementation), Transformers' Adafactor, or the
+    allocations of bitsandbytes' 8-bit AdamW."""
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    implementation = {"foreach": levers.optimizer_implementation == "foreach",
+                      "fused": levers.optimizer_implementation == "fused" or None}
+    if levers.optimizer == "adamw":
+        return torch.optim.AdamW(parameters, lr=1e-4, **implementation)
+    if levers.optimizer == "sgd":
+        return torch.optim.SGD(parameters, lr=1e-3, momentum=0.9,
+                               foreach=implementation["foreach"])
+    if levers.optimizer == "adafactor":
+        from transformers.optimization import Adafactor
+
+        return Adafactor(parameters, lr=1e-4, scale_parameter=False,
+                         relative_step=False)
+    return _EightBitAdamState(parameters)
+
+
+def step_events(config, run, levers, device_type, steps=2):
+    """The tracker's allocation events of ``steps`` whole training steps of the model at
+    its full depth on fake tensors (no memory): its weights made, then each step's
+    micro-batches (at most 2), the optimizer's step and ``zero_grad``."""
+    from helpers.mixed_precision import on_fake_tensors
+
+    model = build_model(config, attention=run.attention)
+    if levers.precision == "bfloat16-pure":
+        model.to(torch.bfloat16)
+    tracker = StepTracker()
+    with on_fake_tensors(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with tracker:
+            model = model.to_empty(device="cpu")
+        model.tie_weights()
+        prepare_model(model, levers, device_type, cast=False,
+                      reentrant=run.reentrant_checkpointing)
+        batch = {k: torch.empty(v.shape, dtype=v.dtype).fill_(1)
+                 for k, v in make_batch(config, run, "cpu").items()}
+        optimizer = step_optimizer(model, levers)
+        with autocast_rules(device_type), tracker:
+            for _ in range(steps):
+                # a third micro-batch allocates and frees as the second did: the
+                # cache the second left serves it
+                for _ in range(min(run.accumulation, 2)):
+                    micro_batch_step(model, batch, run, levers, device_type).backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=not run.keep_gradients)
+    return tracker.events
+
+
+@functools.lru_cache(maxsize=64)
+def _allocator_overhead(config_json, run, levers):
+    """What the caching allocator reserves beyond the live peak, replayed over two
+    whole steps (the first makes the optimizer's state, the second reuses the cache)."""
+    def compute():
+        from transformers import AutoConfig
+
+        config = AutoConfig.for_model(**json.loads(config_json))
+        events = step_events(config, run, levers, "cuda")
+        reserved, _ = replay_reserved(events)
+        live = peak = 0
+        for _, change in events:
+            live += change
+            peak = max(peak, live)
+        return reserved - peak
+    return _disk_cached("allocator", [config_json, dataclasses.astuple(run),
+                                      dataclasses.astuple(levers)], compute)
 
 
 # --- the command ---------------------------------------------------------------------

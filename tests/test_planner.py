@@ -165,3 +165,23 @@ def test_each_part_within_ten_percent(sample_rows):
 def test_flops_within_two_percent_of_flop_counter_mode(sample_rows):
     for row in sample_rows:
         assert abs(row["errors"]["flops"]) <= 0.02, (row["case"], row["errors"])
+
+
+def test_caching_allocator_reserves_segments_as_pytorchs_does():
+    MiB = 2**20
+    allocator = planner.CachingAllocator()
+    first = allocator.malloc(100)  # small pool: a 2 MiB segment, split
+    allocator.malloc(600 * 1024)
+    assert allocator.reserved == 2 * MiB
+    allocator.malloc(5 * MiB)  # under 10 MiB: a 20 MiB segment, split
+    assert allocator.reserved == 22 * MiB
+    allocator.malloc(16 * MiB + 1)  # large: its size rounded up to 2 MiB
+    assert allocator.reserved == 40 * MiB
+    allocator.release(first)
+    allocator.malloc(512)  # from the cache: nothing new reserved
+    allocator.malloc(14 * MiB)  # the 15 MiB left of the 20 MiB segment
+    assert allocator.reserved == 40 * MiB
+    # a freed block merges with its free neighbours: 6 + 6 MiB freed, then 12 MiB
+    # fits in the same 20 MiB segment
+    events = [(0, 6 * MiB), (1, 6 * MiB), (0, -6 * MiB), (1, -6 * MiB), (2, 12 * MiB)]
+    assert planner.replay_reserved(events) == (20 * MiB, 12 * MiB)
