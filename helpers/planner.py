@@ -50,6 +50,10 @@ PRECISION_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16",
 OPTIMIZERS = ("adamw", "sgd", "adafactor", "adamw8bit")
 SHARDINGS = ("none", "ddp", "zero1", "fsdp", "fsdp-reshard")
 OPTIMIZER_IMPLEMENTATIONS = ("for-loop", "foreach", "fused")
+# what checkpointing keeps of each layer: nothing but its input (every op recomputed),
+# or torchtitan's selective "op" policy (torchtitan/models/llama/parallelize_llama.py,
+# December 2024): the outputs of every other matmul and of attention are kept
+CHECKPOINTING_POLICIES = ("every-op", "selective-op")
 # Which Transformers class trains each family: a classifier head (2 labels, as the
 # course's DistilBERT and Transformers' BERT-large runs) or a causal language model.
 CLASSIFIERS = ("distilbert", "bert")
@@ -104,13 +108,16 @@ class Levers:
     # Local SGD (lesson 03): average the weights every k steps instead of all-reducing
     # gradients each step; None: off
     local_sgd_every: int | None = None
+    # with checkpointing: CHECKPOINTING_POLICIES
+    checkpointing_policy: str = "every-op"
 
     def __post_init__(self):
         precision = PRECISION_ALIASES.get(self.precision, self.precision)
         object.__setattr__(self, "precision", precision)
         choices = {"precision": PRECISIONS, "optimizer": OPTIMIZERS,
                    "sharding": SHARDINGS,
-                   "optimizer_implementation": OPTIMIZER_IMPLEMENTATIONS}
+                   "optimizer_implementation": OPTIMIZER_IMPLEMENTATIONS,
+                   "checkpointing_policy": CHECKPOINTING_POLICIES}
         for name, valid in choices.items():
             if getattr(self, name) not in valid:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r}; valid: "
@@ -631,6 +638,38 @@ def autocast_rules(device_type):
     return CudaAutocastRules() if device_type == "cuda" else contextlib.nullcontext()
 
 
+def _selective_op_context():
+    """torchtitan's selective "op" policy, as it wrote it (December 2024): a fresh count
+    per checkpointed call; keep the outputs of the ops in its list, but only every
+    other matmul's. CPU's flash attention stands for CUDA's (a fake run is on CPU
+    tensors)."""
+    from collections import defaultdict
+
+    from torch.utils.checkpoint import (
+        CheckpointPolicy,
+        create_selective_checkpoint_contexts,
+    )
+
+    aten = torch.ops.aten
+    save = {aten.mm.default, aten._scaled_dot_product_efficient_attention.default,
+            aten._scaled_dot_product_flash_attention.default,
+            aten._scaled_dot_product_flash_attention_for_cpu.default,
+            torch.ops._c10d_functional.reduce_scatter_tensor.default,
+            aten.max.default}
+    meta = defaultdict(int)
+
+    def policy(ctx, func, *args, **kwargs):
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if func == aten.mm.default:
+            meta[f"{mode}_mm_count"] += 1
+        to_save = func in save and not (func == aten.mm.default
+                                        and meta[f"{mode}_mm_count"] % 2 == 0)
+        return (CheckpointPolicy.MUST_SAVE if to_save
+                else CheckpointPolicy.PREFER_RECOMPUTE)
+
+    return create_selective_checkpoint_contexts(policy)
+
+
 def prepare_model(model, levers, device_type, cast=True, reentrant=False):
     """The levers a model object carries: dtype for bfloat16 end to end (``cast``),
     checkpointing, train mode."""
@@ -643,6 +682,11 @@ def prepare_model(model, levers, device_type, cast=True, reentrant=False):
         enable = getattr(model, "activation_checkpointing_enable", None)
         kwargs = {"use_reentrant": reentrant,
                   "preserve_rng_state": device_type == "cpu"}
+        if levers.checkpointing_policy == "selective-op":
+            if reentrant:
+                raise ValueError("selective checkpointing needs the non-reentrant "
+                                 "implementation")
+            kwargs["context_fn"] = _selective_op_context
         if enable is not None:
             enable(activation_checkpointing_kwargs=kwargs)
         else:
@@ -824,10 +868,18 @@ def _measure_segments(config_json, run, levers_key, device_type, with_gradients)
     from transformers import AutoConfig
 
     config = AutoConfig.for_model(**json.loads(config_json))
-    checkpointing, precision = levers_key
-    levers = Levers(checkpointing=checkpointing, precision=precision)
+    checkpointing, precision, *policy = levers_key
+    levers = Levers(checkpointing=checkpointing, precision=precision,
+                    checkpointing_policy=policy[0] if policy else "every-op")
     whole = getattr(config, _layer_count_key(config)) <= SHALLOW_LAYERS
     return fake_segments(config, run, levers, device_type, with_gradients, whole)
+
+
+def _levers_key(levers):
+    """What of the levers a fake run depends on."""
+    if levers.checkpointing and levers.checkpointing_policy != "every-op":
+        return levers.checkpointing, levers.precision, levers.checkpointing_policy
+    return levers.checkpointing, levers.precision
 
 
 def segments(config, run, levers, device_type, with_gradients):
@@ -836,7 +888,7 @@ def segments(config, run, levers, device_type, with_gradients):
     shape = dataclasses.replace(run, accumulation=min(run.accumulation, 2),
                                 keep_gradients=False)
     return _segments_cached(json.dumps(config.to_dict(), sort_keys=True, default=str),
-                            shape, (levers.checkpointing, levers.precision),
+                            shape, _levers_key(levers),
                             device_type, with_gradients)
 
 

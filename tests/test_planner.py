@@ -185,3 +185,13 @@ def test_caching_allocator_reserves_segments_as_pytorchs_does():
     # fits in the same 20 MiB segment
     events = [(0, 6 * MiB), (1, 6 * MiB), (0, -6 * MiB), (1, -6 * MiB), (2, 12 * MiB)]
     assert planner.replay_reserved(events) == (20 * MiB, 12 * MiB)
+
+
+def test_selective_checkpointing_keeps_more_than_every_op_and_less_than_none():
+    run, device = planner.Run(2, 32), planner.Device(kind="cpu")
+    kept = {(checkpointing, policy): planner.plan("llama-tiny", run, planner.Levers(
+                checkpointing=checkpointing, checkpointing_policy=policy),
+                device).parts["activations"]
+            for checkpointing, policy in ((True, "every-op"), (True, "selective-op"),
+                                          (False, "every-op"))}
+    assert kept[True, "every-op"] < kept[True, "selective-op"] < kept[False, "every-op"]
