@@ -44,9 +44,15 @@ from helpers.memory import LiveTensorTracker
 from helpers.paths import DATA_DIR
 from helpers.units import GiB, MiB
 
-PRECISIONS = ("float32", "bfloat16", "float16", "bfloat16-pure")
+# "bfloat16-fsdp": FSDP2's MixedPrecisionPolicy(param_dtype=bfloat16,
+# reduce_dtype=float32), torchtitan's default: float32 shards, gradients and optimizer
+# state; whole bfloat16 weights gathered; forward and backward in bfloat16, no autocast
+PRECISIONS = ("float32", "bfloat16", "float16", "bfloat16-pure", "bfloat16-fsdp")
+# the precisions whose model runs in bfloat16 throughout
+BFLOAT16_MODEL = ("bfloat16-pure", "bfloat16-fsdp")
 PRECISION_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16",
-                     "bf16-pure": "bfloat16-pure", "no": "float32"}
+                     "bf16-pure": "bfloat16-pure", "bf16-fsdp": "bfloat16-fsdp",
+                     "no": "float32"}
 OPTIMIZERS = ("adamw", "sgd", "adafactor", "adamw8bit")
 SHARDINGS = ("none", "ddp", "zero1", "fsdp", "fsdp-reshard")
 OPTIMIZER_IMPLEMENTATIONS = ("for-loop", "foreach", "fused")
@@ -129,6 +135,9 @@ class Levers:
                 or self.devices < 1):
             raise ValueError("devices must be a whole number >= 1, got "
                              f"{self.devices!r}")
+        if precision == "bfloat16-fsdp" and not self.sharding.startswith("fsdp"):
+            raise ValueError("bfloat16-fsdp is FSDP2's mixed precision policy: use it "
+                             "with sharding='fsdp' or 'fsdp-reshard'")
         if self.devices > 1 and self.sharding == "none":
             raise ValueError(f"{self.devices} devices need a sharding: one of "
                              f"{', '.join(SHARDINGS[1:])}")
@@ -595,7 +604,7 @@ def autocast_context(precision, device_type):
     as ``torch.autocast`` sets them, without its availability check."""
     from helpers.mixed_precision import _autocast_state
 
-    if precision in ("float32", "bfloat16-pure"):
+    if precision in ("float32",) + BFLOAT16_MODEL:
         return contextlib.nullcontext()
     dtype = torch.bfloat16 if precision == "bfloat16" else torch.float16
     # CPU autocast, without its check that this CPU has float16 kernels (fake tensors
@@ -673,7 +682,7 @@ def _selective_op_context():
 def prepare_model(model, levers, device_type, cast=True, reentrant=False):
     """The levers a model object carries: dtype for bfloat16 end to end (``cast``),
     checkpointing, train mode."""
-    if cast and levers.precision == "bfloat16-pure":
+    if cast and levers.precision in BFLOAT16_MODEL:
         model.to(torch.bfloat16)
     if levers.checkpointing:
         # non-reentrant (PyTorch's recommendation); the RNG state it saves (bytes on a
@@ -759,7 +768,7 @@ def fake_training(config, run, levers, device_type, layers=None):
     from helpers.mixed_precision import on_fake_tensors
 
     model = build_model(config, attention=run.attention, layers=layers)
-    if levers.precision == "bfloat16-pure":  # on the meta device: fake ones cannot
+    if levers.precision in BFLOAT16_MODEL:  # on the meta device: fake ones cannot
         model.to(torch.bfloat16)
     with on_fake_tensors(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -870,7 +879,8 @@ def _measure_segments(config_json, run, levers_key, device_type, with_gradients)
     config = AutoConfig.for_model(**json.loads(config_json))
     checkpointing, precision, *policy = levers_key
     levers = Levers(checkpointing=checkpointing, precision=precision,
-                    checkpointing_policy=policy[0] if policy else "every-op")
+                    checkpointing_policy=policy[0] if policy else "every-op",
+                    sharding="fsdp" if precision == "bfloat16-fsdp" else "none")
     whole = getattr(config, _layer_count_key(config)) <= SHALLOW_LAYERS
     return fake_segments(config, run, levers, device_type, with_gradients, whole)
 
@@ -964,7 +974,9 @@ def sent_bytes_per_step(table, run, levers):
     for group in table.groups:
         padded = sum(_shard_shape(s, n)[0] * math.prod(s[1:]) for s in group) * n
         gathers = 2 if kind == "fsdp-reshard" else 1
-        sent += gathers * (n - 1) / n * padded * element  # all-gather
+        # MixedPrecisionPolicy gathers bfloat16 and reduces in float32
+        gathered = 2 if levers.precision == "bfloat16-fsdp" else element
+        sent += gathers * (n - 1) / n * padded * gathered  # all-gather
         sent += (n - 1) / n * padded * element  # reduce-scatter
     return sent * forwards
 
@@ -1015,8 +1027,9 @@ def plan(model, run=None, levers=None, device=None):
     # them, else the group in use and the one prefetched (lesson 06)
     gathered = 0
     if fsdp:
+        gathered_element = 2 if levers.precision == "bfloat16-fsdp" else element
         group_bytes = [sum(_shard_shape(s, n)[0] * math.prod(s[1:]) for s in g) * n
-                       * element for g in table.groups]
+                       * gathered_element for g in table.groups]
         if levers.sharding == "fsdp":
             gathered = sum(group_bytes)
         else:
@@ -1234,7 +1247,7 @@ def step_events(config, run, levers, device_type, steps=2):
     from helpers.mixed_precision import on_fake_tensors
 
     model = build_model(config, attention=run.attention)
-    if levers.precision == "bfloat16-pure":
+    if levers.precision in BFLOAT16_MODEL:
         model.to(torch.bfloat16)
     tracker = StepTracker()
     with on_fake_tensors(), warnings.catch_warnings():
@@ -1314,7 +1327,8 @@ def lever_combinations(levers):
 # what each lever costs, in the course's order: first what costs nothing, then time,
 # then what may change the training's result
 OPTIMIZER_RISK = {"adamw": 0, "adamw8bit": 1, "adafactor": 2, "sgd": 3}
-PRECISION_RISK = {"float32": 0, "bfloat16": 0, "float16": 0, "bfloat16-pure": 1}
+PRECISION_RISK = {"float32": 0, "bfloat16": 0, "float16": 0, "bfloat16-pure": 1,
+                  "bfloat16-fsdp": 0}
 
 
 def cheapest_fitting(model, run, levers, device, count=5):
@@ -1384,7 +1398,11 @@ def build_parser():
                         help="activation checkpointing on every layer")
     parser.add_argument("--precision", default="fp32",
                         help="fp32, bf16 or fp16 (autocast), bf16-pure (bfloat16 end "
-                             "to end)")
+                             "to end), bf16-fsdp (FSDP2's MixedPrecisionPolicy: "
+                             "bfloat16 gathered, float32 shards)")
+    parser.add_argument("--checkpointing-policy", default="every-op",
+                        help="with --checkpointing: every-op or selective-op "
+                             "(torchtitan's)")
     parser.add_argument("--optimizer", default="adamw",
                         help=f"one of {', '.join(OPTIMIZERS)}")
     parser.add_argument("--optimizer-implementation", default="foreach",
@@ -1420,6 +1438,7 @@ def main(argv=None):
                   attention=args.attention,
                   reentrant_checkpointing=args.reentrant_checkpointing)
         levers = Levers(checkpointing=args.checkpointing, precision=args.precision,
+                        checkpointing_policy=args.checkpointing_policy,
                         optimizer=args.optimizer,
                         optimizer_implementation=args.optimizer_implementation,
                         sharding=sharding, devices=args.devices,

@@ -352,9 +352,10 @@ def cases():
 
 # the tests' sample: the rows of each tiny model's grid (its order in ``cases``) that
 # together pull every lever, on real tensors, in seconds
+# (20 rows: the accumulation with checkpointing in bfloat16, the dearest, once)
 SAMPLE = {"distilbert-tiny": (0, 2, 3, 4, 5, 7, 8, 9, 12, 13),
-          "gpt2-tiny": (1, 2, 4, 6, 9),
-          "llama-tiny": (1, 2, 3, 4, 6, 8, 13)}
+          "gpt2-tiny": (1, 2, 6, 9),
+          "llama-tiny": (1, 2, 3, 6, 8, 13)}
 
 
 def sample():
@@ -421,9 +422,8 @@ V100 = planner.Device(memory_bytes=16 * 2**30, context_bytes=V100_CONTEXT_MIB * 
 LLAMA_8B_H100 = [(8, "FSDP", 82.4), (8, "FSDP + torch.compile", 77.0),
                  (128, "FSDP", 67.0), (128, "FSDP + torch.compile", 62.0)]
 # The closest levers the planner has, and how each differs from torchtitan's run
-TORCHTITAN_DIFFERS = ("planned with bfloat16 autocast over float32 weights (not "
-                      "FSDP2's MixedPrecisionPolicy), eager (no torch.compile), the "
-                      "reserve as rounding only (no allocator replay)")
+TORCHTITAN_DIFFERS = ("planned eager (no torch.compile), the reserve as rounding "
+                      "only (no allocator replay)")
 H100 = planner.Device(memory_bytes=96 * 2**30, context_bytes=0, kind="cuda",
                       allocator_rounding=True)
 
@@ -501,7 +501,7 @@ def published():
     run = Run(2, 8192)
     for gpus, setup, gib in LLAMA_8B_H100:
         levers = Levers(checkpointing=True, checkpointing_policy="selective-op",
-                        precision="bfloat16",
+                        precision="bfloat16-fsdp",
                         optimizer_implementation="foreach", sharding="fsdp-reshard",
                         devices=gpus)
         result = planner.plan(config, run, levers, H100)
