@@ -1316,8 +1316,10 @@ def lever_combinations(levers):
     """Every combination of the levers a learner can pull on the same devices."""
     shardings = (["none"] if levers.devices == 1 else
                  ["ddp", "zero1", "fsdp", "fsdp-reshard"])
+    # checkpointing first: cheapest_fitting skips a combination whose checkpointed twin
+    # does not fit
     for checkpointing, precision, optimizer, sharding in itertools.product(
-            (False, True), ("float32", "bfloat16", "bfloat16-pure"),
+            (True, False), ("float32", "bfloat16", "bfloat16-pure"),
             ("adamw", "adamw8bit", "adafactor"), shardings):
         yield dataclasses.replace(levers, checkpointing=checkpointing,
                                   precision=precision, optimizer=optimizer,
@@ -1337,11 +1339,20 @@ def cheapest_fitting(model, run, levers, device, count=5):
     (compute plus communication)."""
     fitting = []
     model = load_config(model)  # read once
+    too_big = set()  # checkpointed combinations that do not fit
     for candidate in lever_combinations(levers):
         if state_bytes(model, run, candidate) + device.context_bytes > \
                 device.memory_bytes:
             continue  # its weights, gradients and state alone do not fit: no fake run
+        twin = dataclasses.replace(candidate, checkpointing=True)
+        if not candidate.checkpointing and twin in too_big:
+            # checkpointing keeps less than no checkpointing (each layer's input, and
+            # one layer's activations recomputed at a time): without it, it does not
+            # fit either; its fake run is saved
+            continue
         result = plan(model, run, candidate, device)
+        if not result.fits and candidate.checkpointing:
+            too_big.add(candidate)
         if result.fits:
             seconds = result.compute_seconds + result.link_seconds
             fitting.append(((OPTIMIZER_RISK[candidate.optimizer]
