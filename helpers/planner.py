@@ -1319,8 +1319,10 @@ def lever_combinations(levers):
     # checkpointing first: cheapest_fitting skips a combination whose checkpointed twin
     # does not fit
     for checkpointing, precision, optimizer, sharding in itertools.product(
-            (True, False), ("float32", "bfloat16", "bfloat16-pure"),
+            (True, False), ("float32", "bfloat16", "bfloat16-pure", "bfloat16-fsdp"),
             ("adamw", "adamw8bit", "adafactor"), shardings):
+        if precision == "bfloat16-fsdp" and not sharding.startswith("fsdp"):
+            continue  # FSDP2's own mixed precision
         yield dataclasses.replace(levers, checkpointing=checkpointing,
                                   precision=precision, optimizer=optimizer,
                                   sharding=sharding, local_sgd_every=None)

@@ -72,6 +72,17 @@ def test_ring_bytes_of_ddp_and_zero1():
     assert zero1 - ddp == pytest.approx(3 / 4 * payload)
 
 
+def test_fsdp_mixed_precision_gathers_bfloat16_and_reduces_float32():
+    table = planner.parameter_table(planner.load_config("distilbert-tiny"))
+    sent = {precision: planner.sent_bytes_per_step(
+                table, planner.Run(), planner.Levers(precision=precision,
+                                                     sharding="fsdp-reshard",
+                                                     devices=4))
+            for precision in ("float32", "bf16-fsdp")}
+    # per group: two all-gathers and a reduce-scatter of 4 bytes each, or 2, 2 and 4
+    assert sent["bf16-fsdp"] == pytest.approx(sent["float32"] * 8 / 12)
+
+
 def test_fsdp_frees_each_layers_whole_gradients_after_its_backward():
     # bfloat16 end to end, checkpointing: no autocast cache; the whole model's
     # gradients (141 GB) would dwarf everything else if FSDP kept them
@@ -99,6 +110,8 @@ def test_a_plan_read_back_from_the_disk_cache_is_the_same(tmp_path, monkeypatch)
     ({"sharding": "tp"}, "unknown sharding"),
     ({"devices": 4}, "need a sharding"),
     ({"local_sgd_every": 4, "sharding": "fsdp", "devices": 2}, "Local SGD"),
+    ({"precision": "bf16-fsdp", "sharding": "ddp", "devices": 2}, "FSDP2's mixed"),
+    ({"checkpointing_policy": "some"}, "unknown checkpointing_policy"),
 ])
 def test_bad_levers_say_what_is_valid(kwargs, message):
     with pytest.raises(ValueError, match=message):
