@@ -675,6 +675,9 @@ def main(argv=None):
     parser.add_argument("--published-only", action="store_true",
                         help="only the published runs, written to "
                              "data/planner/published.json")
+    parser.add_argument("--update-validation", action="store_true",
+                        help="with --published-only: also replace the published "
+                             "rows of --out (the live rows left as they are)")
     args = parser.parse_args(argv)
     if args.published_only:
         anchors = published()
@@ -684,6 +687,11 @@ def main(argv=None):
         target.write_text(json.dumps({"environment": environment(),
                                       "context_mib": V100_CONTEXT_MIB,
                                       "rows": anchors}, indent=1) + "\n")
+        if args.update_validation:
+            out = Path(args.out)
+            stored = json.loads(out.read_text())
+            stored["published"] = anchors
+            out.write_text(json.dumps(stored, indent=1) + "\n")
         return 0
     torch.set_num_threads(1)
     started = time.perf_counter()
