@@ -23,6 +23,7 @@ and the cheapest lever combinations that fit (``--help``). Its error is measured
 ``tools/validate_planner.py``.
 """
 import argparse
+import bisect
 import contextlib
 import dataclasses
 import functools
@@ -43,12 +44,22 @@ from helpers.memory import LiveTensorTracker
 from helpers.paths import DATA_DIR
 from helpers.units import GiB, MiB
 
-PRECISIONS = ("float32", "bfloat16", "float16", "bfloat16-pure")
+# "bfloat16-fsdp": FSDP2's MixedPrecisionPolicy(param_dtype=bfloat16,
+# reduce_dtype=float32), torchtitan's default: float32 shards, gradients and optimizer
+# state; whole bfloat16 weights gathered; forward and backward in bfloat16, no autocast
+PRECISIONS = ("float32", "bfloat16", "float16", "bfloat16-pure", "bfloat16-fsdp")
+# the precisions whose model runs in bfloat16 throughout
+BFLOAT16_MODEL = ("bfloat16-pure", "bfloat16-fsdp")
 PRECISION_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16",
-                     "bf16-pure": "bfloat16-pure", "no": "float32"}
+                     "bf16-pure": "bfloat16-pure", "bf16-fsdp": "bfloat16-fsdp",
+                     "no": "float32"}
 OPTIMIZERS = ("adamw", "sgd", "adafactor", "adamw8bit")
 SHARDINGS = ("none", "ddp", "zero1", "fsdp", "fsdp-reshard")
 OPTIMIZER_IMPLEMENTATIONS = ("for-loop", "foreach", "fused")
+# what checkpointing keeps of each layer: nothing but its input (every op recomputed),
+# or torchtitan's selective "op" policy (torchtitan/models/llama/parallelize_llama.py,
+# December 2024): the outputs of every other matmul and of attention are kept
+CHECKPOINTING_POLICIES = ("every-op", "selective-op")
 # Which Transformers class trains each family: a classifier head (2 labels, as the
 # course's DistilBERT and Transformers' BERT-large runs) or a causal language model.
 CLASSIFIERS = ("distilbert", "bert")
@@ -103,13 +114,16 @@ class Levers:
     # Local SGD (lesson 03): average the weights every k steps instead of all-reducing
     # gradients each step; None: off
     local_sgd_every: int | None = None
+    # with checkpointing: CHECKPOINTING_POLICIES
+    checkpointing_policy: str = "every-op"
 
     def __post_init__(self):
         precision = PRECISION_ALIASES.get(self.precision, self.precision)
         object.__setattr__(self, "precision", precision)
         choices = {"precision": PRECISIONS, "optimizer": OPTIMIZERS,
                    "sharding": SHARDINGS,
-                   "optimizer_implementation": OPTIMIZER_IMPLEMENTATIONS}
+                   "optimizer_implementation": OPTIMIZER_IMPLEMENTATIONS,
+                   "checkpointing_policy": CHECKPOINTING_POLICIES}
         for name, valid in choices.items():
             if getattr(self, name) not in valid:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r}; valid: "
@@ -121,6 +135,9 @@ class Levers:
                 or self.devices < 1):
             raise ValueError("devices must be a whole number >= 1, got "
                              f"{self.devices!r}")
+        if precision == "bfloat16-fsdp" and not self.sharding.startswith("fsdp"):
+            raise ValueError("bfloat16-fsdp is FSDP2's mixed precision policy: use it "
+                             "with sharding='fsdp' or 'fsdp-reshard'")
         if self.devices > 1 and self.sharding == "none":
             raise ValueError(f"{self.devices} devices need a sharding: one of "
                              f"{', '.join(SHARDINGS[1:])}")
@@ -149,6 +166,11 @@ class Device:
     # model the caching allocator's rounding (CUDA: blocks of 512 bytes, large ones
     # in 2 MiB steps) on top of the live tensors
     allocator_rounding: bool = False
+    # replay two whole steps' allocations (fake tensors, full depth) through a model of
+    # the CUDA caching allocator (``CachingAllocator``), and add what it reserves
+    # beyond the live peak: the published runs' rule (a fake run of the whole model:
+    # seconds for BERT-large, too slow for the largest models)
+    allocator_replay: bool = False
 
     def __post_init__(self):
         if self.kind not in ("cpu", "cuda"):
@@ -582,7 +604,7 @@ def autocast_context(precision, device_type):
     as ``torch.autocast`` sets them, without its availability check."""
     from helpers.mixed_precision import _autocast_state
 
-    if precision in ("float32", "bfloat16-pure"):
+    if precision in ("float32",) + BFLOAT16_MODEL:
         return contextlib.nullcontext()
     dtype = torch.bfloat16 if precision == "bfloat16" else torch.float16
     # CPU autocast, without its check that this CPU has float16 kernels (fake tensors
@@ -625,10 +647,42 @@ def autocast_rules(device_type):
     return CudaAutocastRules() if device_type == "cuda" else contextlib.nullcontext()
 
 
+def _selective_op_context():
+    """torchtitan's selective "op" policy, as it wrote it (December 2024): a fresh count
+    per checkpointed call; keep the outputs of the ops in its list, but only every
+    other matmul's. CPU's flash attention stands for CUDA's (a fake run is on CPU
+    tensors)."""
+    from collections import defaultdict
+
+    from torch.utils.checkpoint import (
+        CheckpointPolicy,
+        create_selective_checkpoint_contexts,
+    )
+
+    aten = torch.ops.aten
+    save = {aten.mm.default, aten._scaled_dot_product_efficient_attention.default,
+            aten._scaled_dot_product_flash_attention.default,
+            aten._scaled_dot_product_flash_attention_for_cpu.default,
+            torch.ops._c10d_functional.reduce_scatter_tensor.default,
+            aten.max.default}
+    meta = defaultdict(int)
+
+    def policy(ctx, func, *args, **kwargs):
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if func == aten.mm.default:
+            meta[f"{mode}_mm_count"] += 1
+        to_save = func in save and not (func == aten.mm.default
+                                        and meta[f"{mode}_mm_count"] % 2 == 0)
+        return (CheckpointPolicy.MUST_SAVE if to_save
+                else CheckpointPolicy.PREFER_RECOMPUTE)
+
+    return create_selective_checkpoint_contexts(policy)
+
+
 def prepare_model(model, levers, device_type, cast=True, reentrant=False):
     """The levers a model object carries: dtype for bfloat16 end to end (``cast``),
     checkpointing, train mode."""
-    if cast and levers.precision == "bfloat16-pure":
+    if cast and levers.precision in BFLOAT16_MODEL:
         model.to(torch.bfloat16)
     if levers.checkpointing:
         # non-reentrant (PyTorch's recommendation); the RNG state it saves (bytes on a
@@ -637,6 +691,11 @@ def prepare_model(model, levers, device_type, cast=True, reentrant=False):
         enable = getattr(model, "activation_checkpointing_enable", None)
         kwargs = {"use_reentrant": reentrant,
                   "preserve_rng_state": device_type == "cpu"}
+        if levers.checkpointing_policy == "selective-op":
+            if reentrant:
+                raise ValueError("selective checkpointing needs the non-reentrant "
+                                 "implementation")
+            kwargs["context_fn"] = _selective_op_context
         if enable is not None:
             enable(activation_checkpointing_kwargs=kwargs)
         else:
@@ -709,7 +768,7 @@ def fake_training(config, run, levers, device_type, layers=None):
     from helpers.mixed_precision import on_fake_tensors
 
     model = build_model(config, attention=run.attention, layers=layers)
-    if levers.precision == "bfloat16-pure":  # on the meta device: fake ones cannot
+    if levers.precision in BFLOAT16_MODEL:  # on the meta device: fake ones cannot
         model.to(torch.bfloat16)
     with on_fake_tensors(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -818,10 +877,19 @@ def _measure_segments(config_json, run, levers_key, device_type, with_gradients)
     from transformers import AutoConfig
 
     config = AutoConfig.for_model(**json.loads(config_json))
-    checkpointing, precision = levers_key
-    levers = Levers(checkpointing=checkpointing, precision=precision)
+    checkpointing, precision, *policy = levers_key
+    levers = Levers(checkpointing=checkpointing, precision=precision,
+                    checkpointing_policy=policy[0] if policy else "every-op",
+                    sharding="fsdp" if precision == "bfloat16-fsdp" else "none")
     whole = getattr(config, _layer_count_key(config)) <= SHALLOW_LAYERS
     return fake_segments(config, run, levers, device_type, with_gradients, whole)
+
+
+def _levers_key(levers):
+    """What of the levers a fake run depends on."""
+    if levers.checkpointing and levers.checkpointing_policy != "every-op":
+        return levers.checkpointing, levers.precision, levers.checkpointing_policy
+    return levers.checkpointing, levers.precision
 
 
 def segments(config, run, levers, device_type, with_gradients):
@@ -830,7 +898,7 @@ def segments(config, run, levers, device_type, with_gradients):
     shape = dataclasses.replace(run, accumulation=min(run.accumulation, 2),
                                 keep_gradients=False)
     return _segments_cached(json.dumps(config.to_dict(), sort_keys=True, default=str),
-                            shape, (levers.checkpointing, levers.precision),
+                            shape, _levers_key(levers),
                             device_type, with_gradients)
 
 
@@ -906,7 +974,9 @@ def sent_bytes_per_step(table, run, levers):
     for group in table.groups:
         padded = sum(_shard_shape(s, n)[0] * math.prod(s[1:]) for s in group) * n
         gathers = 2 if kind == "fsdp-reshard" else 1
-        sent += gathers * (n - 1) / n * padded * element  # all-gather
+        # MixedPrecisionPolicy gathers bfloat16 and reduces in float32
+        gathered = 2 if levers.precision == "bfloat16-fsdp" else element
+        sent += gathers * (n - 1) / n * padded * gathered  # all-gather
         sent += (n - 1) / n * padded * element  # reduce-scatter
     return sent * forwards
 
@@ -957,8 +1027,9 @@ def plan(model, run=None, levers=None, device=None):
     # them, else the group in use and the one prefetched (lesson 06)
     gathered = 0
     if fsdp:
+        gathered_element = 2 if levers.precision == "bfloat16-fsdp" else element
         group_bytes = [sum(_shard_shape(s, n)[0] * math.prod(s[1:]) for s in g) * n
-                       * element for g in table.groups]
+                       * gathered_element for g in table.groups]
         if levers.sharding == "fsdp":
             gathered = sum(group_bytes)
         else:
@@ -987,7 +1058,10 @@ def plan(model, run=None, levers=None, device=None):
     # all exist at once: the peak is then below their sum)
     parts["transient"] = int(max(peak - base - gradients - activations - copies, 0))
     reserved = peak
-    if device.allocator_rounding:
+    if device.allocator_replay:
+        reserved = peak + _allocator_overhead(
+            json.dumps(config.to_dict(), sort_keys=True, default=str), run, levers)
+    elif device.allocator_rounding:
         reserved = _reserved(peak, table, levers, run)
     sent = sent_bytes_per_step(table, run, levers)
     flops_micro = _micro_flops(first, table.layers)
@@ -1022,6 +1096,200 @@ def _reserved(peak, table, levers, run):
     return peak + 4 * rounded
 
 
+# --- the CUDA caching allocator, replayed (published runs) -------------------------
+# c10/cuda/CUDACachingAllocator.cpp: requests rounded up to 512 bytes (kMinBlockSize);
+# those of at most 1 MiB (kSmallSize) from 2 MiB segments (kSmallBuffer), those under
+# 10 MiB (kMinLargeAlloc) from 20 MiB ones (kLargeBuffer), larger ones from a segment
+# of their size rounded up to 2 MiB (kRoundLarge). A request takes the smallest cached
+# free block of its pool that holds it, split when the rest is at least 512 bytes
+# (small pool) or more than 1 MiB (large pool); a freed block merges with its free
+# neighbours; segments are never given back (no empty_cache, no out-of-memory retry).
+SMALL_SIZE, SMALL_BUFFER = MiB, 2 * MiB
+LARGE_BUFFER, MIN_LARGE_ALLOC = 20 * MiB, 10 * MiB
+
+
+class CachingAllocator:
+    """The reserve of PyTorch's CUDA caching allocator for a sequence of allocations and
+    frees (one stream, default settings, no ``expandable_segments``)."""
+
+    def __init__(self):
+        self.free = {True: [], False: []}  # small pool?: sorted [(size, start)]
+        # start -> [end, free, small]; addresses are offsets in one line of segments
+        self.blocks = {}
+        self.ends = {}  # end -> start of the block ending there
+        self.top = 0  # where the next segment starts
+        self.segment_ends = set()
+        self.reserved = self.live = self.peak_live = 0
+
+    def _add(self, start, end, free, small):
+        self.blocks[start] = [end, free, small]
+        self.ends[end] = start
+        if free:
+            bisect.insort(self.free[small], (end - start, start))
+
+    def _remove(self, start):
+        end, free, small = self.blocks.pop(start)
+        del self.ends[end]
+        if free:
+            self.free[small].remove((end - start, start))
+        return end
+
+    def malloc(self, nbytes):
+        """The address of a block for ``nbytes``."""
+        size = max(512, math.ceil(nbytes / 512) * 512)
+        small = size <= SMALL_SIZE
+        pool = self.free[small]
+        index = bisect.bisect_left(pool, (size, -1))
+        if index < len(pool):
+            start = pool[index][1]
+            end = self._remove(start)
+        else:  # a new segment
+            held = (SMALL_BUFFER if small else LARGE_BUFFER if size < MIN_LARGE_ALLOC
+                    else math.ceil(size / (2 * MiB)) * 2 * MiB)
+            start, end = self.top, self.top + held
+            self.top = end
+            self.segment_ends.add(end)
+            self.reserved += held
+        rest = end - start - size
+        if rest >= 512 if small else rest > SMALL_SIZE:
+            self._add(start + size, end, True, small)
+            end = start + size
+        self._add(start, end, False, small)
+        self.live += end - start
+        self.peak_live = max(self.peak_live, self.live)
+        return start
+
+    def release(self, start):
+        end, _, small = self.blocks[start]
+        self.live -= end - start
+        self._remove(start)
+        # merge with free neighbours in the same segment
+        if end not in self.segment_ends and self.blocks.get(end, [0, False])[1]:
+            end = self._remove(end)
+        before = self.ends.get(start)
+        if (before is not None and self.blocks[before][1]
+                and start not in self.segment_ends):
+            self._remove(before)
+            start = before
+        self._add(start, end, True, small)
+
+
+def replay_reserved(events):
+    """(peak reserved, peak of the blocks handed out) of the caching allocator for a
+    tracker's events, [(allocation id, change in bytes)]: a storage that grows is freed
+    and allocated again at its new size."""
+    allocator = CachingAllocator()
+    held, address = {}, {}
+    peak = 0
+    for alloc, change in events:
+        old = held.get(alloc, 0)
+        if old:
+            allocator.release(address.pop(alloc))
+        new = old + change
+        held[alloc] = new
+        if new > 0:
+            address[alloc] = allocator.malloc(new)
+        peak = max(peak, allocator.reserved)
+    return peak, allocator.peak_live
+
+
+class _EightBitAdamState(torch.optim.Optimizer):
+    """The memory bitsandbytes' 8-bit AdamW allocates (its arithmetic needs a GPU): per
+    parameter of at least 4,096 values two uint8 moments and a float32 scale per block
+    of 256 values each, float32 moments under that (its ``min_8bit_size``)."""
+
+    def __init__(self, params):
+        super().__init__(params, {})
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    if p.numel() < 4096:
+                        state["state1"] = torch.zeros_like(p, dtype=torch.float32)
+                        state["state2"] = torch.zeros_like(p, dtype=torch.float32)
+                    else:
+                        blocks = math.ceil(p.numel() / 256)
+                        for i in (1, 2):
+                            state[f"state{i}"] = torch.zeros_like(p, dtype=torch.uint8)
+                            state[f"absmax{i}"] = torch.zeros(blocks)
+                p.add_(p.grad, alpha=-1e-3)
+
+
+def step_optimizer(model, levers):
+    """The optimizer of ``levers`` for a replayed step: PyTorch's AdamW or SGD (their
+    for-loop, foreach or fused implementation), Transformers' Adafactor, or the
+    allocations of bitsandbytes' 8-bit AdamW."""
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    implementation = {"foreach": levers.optimizer_implementation == "foreach",
+                      "fused": levers.optimizer_implementation == "fused" or None}
+    if levers.optimizer == "adamw":
+        return torch.optim.AdamW(parameters, lr=1e-4, **implementation)
+    if levers.optimizer == "sgd":
+        return torch.optim.SGD(parameters, lr=1e-3, momentum=0.9,
+                               foreach=implementation["foreach"])
+    if levers.optimizer == "adafactor":
+        from transformers.optimization import Adafactor
+
+        return Adafactor(parameters, lr=1e-4, scale_parameter=False,
+                         relative_step=False)
+    return _EightBitAdamState(parameters)
+
+
+def step_events(config, run, levers, device_type, steps=2):
+    """The tracker's allocation events of ``steps`` whole training steps of the model at
+    its full depth on fake tensors (no memory): its weights made, then each step's
+    micro-batches (at most 2), the optimizer's step and ``zero_grad``."""
+    from helpers.mixed_precision import on_fake_tensors
+
+    model = build_model(config, attention=run.attention)
+    if levers.precision in BFLOAT16_MODEL:
+        model.to(torch.bfloat16)
+    tracker = StepTracker()
+    with on_fake_tensors(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with tracker:
+            model = model.to_empty(device="cpu")
+        model.tie_weights()
+        prepare_model(model, levers, device_type, cast=False,
+                      reentrant=run.reentrant_checkpointing)
+        batch = {k: torch.empty(v.shape, dtype=v.dtype).fill_(1)
+                 for k, v in make_batch(config, run, "cpu").items()}
+        optimizer = step_optimizer(model, levers)
+        with autocast_rules(device_type), tracker:
+            for _ in range(steps):
+                # a third micro-batch allocates and frees as the second did: the
+                # cache the second left serves it
+                for _ in range(min(run.accumulation, 2)):
+                    micro_batch_step(model, batch, run, levers, device_type).backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=not run.keep_gradients)
+    return tracker.events
+
+
+@functools.lru_cache(maxsize=64)
+def _allocator_overhead(config_json, run, levers):
+    """What the caching allocator reserves beyond the live peak, replayed over two
+    whole steps (the first makes the optimizer's state, the second reuses the cache)."""
+    def compute():
+        from transformers import AutoConfig
+
+        config = AutoConfig.for_model(**json.loads(config_json))
+        events = step_events(config, run, levers, "cuda")
+        reserved, _ = replay_reserved(events)
+        live = peak = 0
+        for _, change in events:
+            live += change
+            peak = max(peak, live)
+        return reserved - peak
+    return _disk_cached("allocator", [config_json, dataclasses.astuple(run),
+                                      dataclasses.astuple(levers)], compute)
+
+
 # --- the command ---------------------------------------------------------------------
 
 def parse_bytes(text):
@@ -1048,9 +1316,13 @@ def lever_combinations(levers):
     """Every combination of the levers a learner can pull on the same devices."""
     shardings = (["none"] if levers.devices == 1 else
                  ["ddp", "zero1", "fsdp", "fsdp-reshard"])
+    # checkpointing first: cheapest_fitting skips a combination whose checkpointed twin
+    # does not fit
     for checkpointing, precision, optimizer, sharding in itertools.product(
-            (False, True), ("float32", "bfloat16", "bfloat16-pure"),
+            (True, False), ("float32", "bfloat16", "bfloat16-pure", "bfloat16-fsdp"),
             ("adamw", "adamw8bit", "adafactor"), shardings):
+        if precision == "bfloat16-fsdp" and not sharding.startswith("fsdp"):
+            continue  # FSDP2's own mixed precision
         yield dataclasses.replace(levers, checkpointing=checkpointing,
                                   precision=precision, optimizer=optimizer,
                                   sharding=sharding, local_sgd_every=None)
@@ -1059,7 +1331,8 @@ def lever_combinations(levers):
 # what each lever costs, in the course's order: first what costs nothing, then time,
 # then what may change the training's result
 OPTIMIZER_RISK = {"adamw": 0, "adamw8bit": 1, "adafactor": 2, "sgd": 3}
-PRECISION_RISK = {"float32": 0, "bfloat16": 0, "float16": 0, "bfloat16-pure": 1}
+PRECISION_RISK = {"float32": 0, "bfloat16": 0, "float16": 0, "bfloat16-pure": 1,
+                  "bfloat16-fsdp": 0}
 
 
 def cheapest_fitting(model, run, levers, device, count=5):
@@ -1068,11 +1341,20 @@ def cheapest_fitting(model, run, levers, device, count=5):
     (compute plus communication)."""
     fitting = []
     model = load_config(model)  # read once
+    too_big = set()  # checkpointed combinations that do not fit
     for candidate in lever_combinations(levers):
         if state_bytes(model, run, candidate) + device.context_bytes > \
                 device.memory_bytes:
             continue  # its weights, gradients and state alone do not fit: no fake run
+        twin = dataclasses.replace(candidate, checkpointing=True)
+        if not candidate.checkpointing and twin in too_big:
+            # checkpointing keeps less than no checkpointing (each layer's input, and
+            # one layer's activations recomputed at a time): without it, it does not
+            # fit either; its fake run is saved
+            continue
         result = plan(model, run, candidate, device)
+        if not result.fits and candidate.checkpointing:
+            too_big.add(candidate)
         if result.fits:
             seconds = result.compute_seconds + result.link_seconds
             fitting.append(((OPTIMIZER_RISK[candidate.optimizer]
@@ -1129,7 +1411,11 @@ def build_parser():
                         help="activation checkpointing on every layer")
     parser.add_argument("--precision", default="fp32",
                         help="fp32, bf16 or fp16 (autocast), bf16-pure (bfloat16 end "
-                             "to end)")
+                             "to end), bf16-fsdp (FSDP2's MixedPrecisionPolicy: "
+                             "bfloat16 gathered, float32 shards)")
+    parser.add_argument("--checkpointing-policy", default="every-op",
+                        help="with --checkpointing: every-op or selective-op "
+                             "(torchtitan's)")
     parser.add_argument("--optimizer", default="adamw",
                         help=f"one of {', '.join(OPTIMIZERS)}")
     parser.add_argument("--optimizer-implementation", default="foreach",
@@ -1165,6 +1451,7 @@ def main(argv=None):
                   attention=args.attention,
                   reentrant_checkpointing=args.reentrant_checkpointing)
         levers = Levers(checkpointing=args.checkpointing, precision=args.precision,
+                        checkpointing_policy=args.checkpointing_policy,
                         optimizer=args.optimizer,
                         optimizer_implementation=args.optimizer_implementation,
                         sharding=sharding, devices=args.devices,

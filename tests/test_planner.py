@@ -2,9 +2,10 @@
 error against live runs on a sample of the validation grid
 (tools/validate_planner.py)."""
 import math
+import runpy
 import statistics
-import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -71,6 +72,17 @@ def test_ring_bytes_of_ddp_and_zero1():
     assert zero1 - ddp == pytest.approx(3 / 4 * payload)
 
 
+def test_fsdp_mixed_precision_gathers_bfloat16_and_reduces_float32():
+    table = planner.parameter_table(planner.load_config("distilbert-tiny"))
+    sent = {precision: planner.sent_bytes_per_step(
+                table, planner.Run(), planner.Levers(precision=precision,
+                                                     sharding="fsdp-reshard",
+                                                     devices=4))
+            for precision in ("float32", "bf16-fsdp")}
+    # per group: two all-gathers and a reduce-scatter of 4 bytes each, or 2, 2 and 4
+    assert sent["bf16-fsdp"] == pytest.approx(sent["float32"] * 8 / 12)
+
+
 def test_fsdp_frees_each_layers_whole_gradients_after_its_backward():
     # bfloat16 end to end, checkpointing: no autocast cache; the whole model's
     # gradients (141 GB) would dwarf everything else if FSDP kept them
@@ -98,6 +110,8 @@ def test_a_plan_read_back_from_the_disk_cache_is_the_same(tmp_path, monkeypatch)
     ({"sharding": "tp"}, "unknown sharding"),
     ({"devices": 4}, "need a sharding"),
     ({"local_sgd_every": 4, "sharding": "fsdp", "devices": 2}, "Local SGD"),
+    ({"precision": "bf16-fsdp", "sharding": "ddp", "devices": 2}, "FSDP2's mixed"),
+    ({"checkpointing_policy": "some"}, "unknown checkpointing_policy"),
 ])
 def test_bad_levers_say_what_is_valid(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -126,12 +140,18 @@ def test_the_command_refuses_bad_input_with_a_sentence(capsys):
         assert "Traceback" not in error
 
 
-def test_the_command_runs_as_a_module():
-    done = subprocess.run([sys.executable, "-m", "helpers.planner", "--model",
-                           "data/models/distilbert-tiny", "--batch", "2", "--seq", "16",
-                           "--json"], cwd=REPO_ROOT, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert '"fits": true' in done.stdout
+def test_the_command_runs_as_a_module(capsys, monkeypatch):
+    # in this process (a new one costs seconds of imports): what ``python -m
+    # helpers.planner`` runs, its __main__ block included
+    monkeypatch.setattr(sys, "argv", ["planner", "--model",
+                                      str(REPO_ROOT / "data/models/distilbert-tiny"),
+                                      "--batch", "2", "--seq", "16", "--json"])
+    with pytest.raises(SystemExit) as stopped, warnings.catch_warnings():
+        # runpy warns that the module is imported already: it is, by this file
+        warnings.simplefilter("ignore", RuntimeWarning)
+        runpy.run_module("helpers.planner", run_name="__main__")
+    assert stopped.value.code == 0
+    assert '"fits": true' in capsys.readouterr().out
 
 
 @pytest.fixture(scope="module")
@@ -165,3 +185,33 @@ def test_each_part_within_ten_percent(sample_rows):
 def test_flops_within_two_percent_of_flop_counter_mode(sample_rows):
     for row in sample_rows:
         assert abs(row["errors"]["flops"]) <= 0.02, (row["case"], row["errors"])
+
+
+def test_caching_allocator_reserves_segments_as_pytorchs_does():
+    MiB = 2**20
+    allocator = planner.CachingAllocator()
+    first = allocator.malloc(100)  # small pool: a 2 MiB segment, split
+    allocator.malloc(600 * 1024)
+    assert allocator.reserved == 2 * MiB
+    allocator.malloc(5 * MiB)  # under 10 MiB: a 20 MiB segment, split
+    assert allocator.reserved == 22 * MiB
+    allocator.malloc(16 * MiB + 1)  # large: its size rounded up to 2 MiB
+    assert allocator.reserved == 40 * MiB
+    allocator.release(first)
+    allocator.malloc(512)  # from the cache: nothing new reserved
+    allocator.malloc(14 * MiB)  # the 15 MiB left of the 20 MiB segment
+    assert allocator.reserved == 40 * MiB
+    # a freed block merges with its free neighbours: 6 + 6 MiB freed, then 12 MiB
+    # fits in the same 20 MiB segment
+    events = [(0, 6 * MiB), (1, 6 * MiB), (0, -6 * MiB), (1, -6 * MiB), (2, 12 * MiB)]
+    assert planner.replay_reserved(events) == (20 * MiB, 12 * MiB)
+
+
+def test_selective_checkpointing_keeps_more_than_every_op_and_less_than_none():
+    run, device = planner.Run(2, 32), planner.Device(kind="cpu")
+    kept = {(checkpointing, policy): planner.plan("llama-tiny", run, planner.Levers(
+                checkpointing=checkpointing, checkpointing_policy=policy),
+                device).parts["activations"]
+            for checkpointing, policy in ((True, "every-op"), (True, "selective-op"),
+                                          (False, "every-op"))}
+    assert kept[True, "every-op"] < kept[True, "selective-op"] < kept[False, "every-op"]
