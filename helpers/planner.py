@@ -1317,12 +1317,11 @@ def lever_combinations(levers):
     shardings = (["none"] if levers.devices == 1 else
                  ["ddp", "zero1", "fsdp", "fsdp-reshard"])
     # checkpointing first: cheapest_fitting skips a combination whose checkpointed twin
-    # does not fit
+    # does not fit. "bfloat16-fsdp" (FSDP2's MixedPrecisionPolicy) is left out of the
+    # search: no live run of the validation checks it yet
     for checkpointing, precision, optimizer, sharding in itertools.product(
-            (True, False), ("float32", "bfloat16", "bfloat16-pure", "bfloat16-fsdp"),
+            (True, False), ("float32", "bfloat16", "bfloat16-pure"),
             ("adamw", "adamw8bit", "adafactor"), shardings):
-        if precision == "bfloat16-fsdp" and not sharding.startswith("fsdp"):
-            continue  # FSDP2's own mixed precision
         yield dataclasses.replace(levers, checkpointing=checkpointing,
                                   precision=precision, optimizer=optimizer,
                                   sharding=sharding, local_sgd_every=None)
