@@ -25,12 +25,7 @@ import time
 from pathlib import Path
 
 from helpers.paths import REPO_ROOT
-from helpers.ranges import (
-    OUT_OF_RANGE,
-    SUMMARY_HEADER,  # noqa: F401 (tests/test_bench.py reads it here)
-    parse_value,
-    summary_lines,
-)
+from helpers.ranges import OUT_OF_RANGE, parse_value, summary_lines
 
 OUT_DIR = REPO_ROOT / "build" / "bench"
 # issue 16's targets, on 2 cores
@@ -42,8 +37,9 @@ def measured_lines(notebook):
     for cell in reversed(notebook.cells):
         text = "".join(o.get("text", "") for o in cell.get("outputs", [])
                        if o.get("output_type") == "stream")
-        if summary_lines(text):
-            return summary_lines(text)
+        lines = summary_lines(text)
+        if lines:
+            return lines
     return {}
 
 
