@@ -7,9 +7,15 @@ its notebook kernels must get the same settings (without them, two kernels of tw
 threads each on two cores spin-waited for each other, and that target took 13 minutes
 instead of 3).
 """
+import contextlib
 import os
+import re
+import tempfile
+
+import pytest
 
 from helpers.language import LANGUAGES
+from helpers.timing_lock import LOCK_ENV, held
 
 # The Hindi and Turkish notebooks (`make translations`) run the English notebooks' code
 # byte for byte, as tests/test_translations.py proves: nbval runs the English ones only.
@@ -24,3 +30,21 @@ collect_ignore = [f"notebooks/{language}" for language in LANGUAGES]
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 if _WORKER.startswith("gw"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+    # A step timed in one worker waits for the launches of several processes in the
+    # other to end, and they for it (helpers/timing_lock.py): both name this file.
+    os.environ.setdefault(LOCK_ENV, os.path.join(tempfile.gettempdir(),
+                                                 "efficient-training-timing.lock"))
+
+# A notebook cell that times steps (helpers/timing.py) runs alone: the other worker's
+# launches wait for it to end (its own cells run on, one thread on the other core).
+TIMED_CELL = re.compile(
+    r"\b(?:median_seconds|interleaved_seconds|interleaved_median_seconds)\(")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    source = getattr(getattr(item, "cell", None), "source", "")  # nbval's cells only
+    timed = TIMED_CELL.search(source)
+    with held(exclusive=True) if timed else contextlib.nullcontext():
+        yield

@@ -1,0 +1,99 @@
+"""The timing lock of `make test`: a timing alone, launches together, and nothing at
+all outside the tests."""
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from helpers.paths import REPO_ROOT
+from helpers.timing_lock import HELD_ENV, LOCK_ENV, held
+
+# Another process asks for the lock and prints how long it waited for it.
+ASK = """
+import sys, time
+from helpers.timing_lock import held
+start = time.perf_counter()
+with held(exclusive=sys.argv[1] == "alone"):
+    print(f"{time.perf_counter() - start:.2f}")
+"""
+HOLD_S = 1.0
+
+
+@pytest.fixture
+def lock_file(tmp_path, monkeypatch):
+    path = tmp_path / "timing.lock"
+    monkeypatch.setenv(LOCK_ENV, str(path))
+    monkeypatch.delenv(HELD_ENV, raising=False)
+    return path
+
+
+def seconds_waited_by_another_process(mode, hold_exclusive):
+    """Hold the lock for HOLD_S (alone or shared), while another process (the other
+    test worker: not one this one started) asks for it in ``mode``; the seconds that
+    process waited."""
+    with held(exclusive=hold_exclusive):
+        environment = {k: v for k, v in os.environ.items() if k != HELD_ENV}
+        process = subprocess.Popen([sys.executable, "-c", ASK, mode], env=environment,
+                                   stdout=subprocess.PIPE, text=True)
+        time.sleep(HOLD_S)
+    return float(process.communicate(timeout=60)[0])
+
+
+def test_a_launch_waits_while_a_step_is_timed(lock_file):
+    assert seconds_waited_by_another_process("shared", hold_exclusive=True) > HOLD_S / 2
+
+
+def test_a_timing_waits_while_a_launch_runs(lock_file):
+    assert seconds_waited_by_another_process("alone", hold_exclusive=False) > HOLD_S / 2
+
+
+def test_two_launches_run_side_by_side(lock_file):
+    waited = seconds_waited_by_another_process("shared", hold_exclusive=False)
+    assert waited < HOLD_S / 2
+
+
+def test_a_launched_worker_that_times_a_step_does_not_wait_for_its_launch(lock_file):
+    # the holder's processes inherit HELD_ENV: a worker asking for it alone goes on
+    with held(exclusive=False):
+        assert os.environ[HELD_ENV] == "1"
+        inherited = subprocess.run([sys.executable, "-c", ASK, "alone"], timeout=60,
+                                   capture_output=True, text=True, check=True)
+    assert float(inherited.stdout) < HOLD_S / 2
+    assert HELD_ENV not in os.environ, "the mark outlived the block"
+
+
+def test_outside_the_tests_nothing_is_locked(tmp_path, monkeypatch):
+    monkeypatch.delenv(LOCK_ENV, raising=False)
+    monkeypatch.delenv(HELD_ENV, raising=False)
+    with held(exclusive=True):
+        assert HELD_ENV not in os.environ
+    assert not list(tmp_path.iterdir())
+
+
+def root_conftest():
+    spec = importlib.util.spec_from_file_location("root_conftest",
+                                                  REPO_ROOT / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("source, alone", [
+    ("seconds = interleaved_median_seconds(steps, repeats=3)", True),
+    ("seconds = interleaved_seconds(steps)", True),
+    ("from helpers.timing import interleaved_seconds", False),
+    ("print(report.peak_bytes)", False),
+])
+def test_a_notebook_cell_that_times_steps_runs_alone(lock_file, source, alone):
+    item = SimpleNamespace(cell=SimpleNamespace(source=source))  # as nbval's cells
+    call = root_conftest().pytest_runtest_call(item)
+    next(call)  # the cell runs now
+    try:
+        assert (os.environ.get(HELD_ENV) == "1") == alone
+    finally:
+        call.close()
+    assert HELD_ENV not in os.environ
