@@ -12,11 +12,13 @@ The root conftest.py names a lock file in ``LOCK_ENV`` and runs each notebook ce
 times steps holding it alone (``held(exclusive=True)``); launches share it
 (``exclusive=False``: ``launcher.run_in_processes``), so that two launches still
 overlap. The processes a holder starts inherit ``HELD_ENV`` and take no lock of their
-own (a launched worker that asked for it alone would wait for its own launch). Without
-``LOCK_ENV``, as on a learner's machine, nothing waits.
+own (a launched worker that asked for it alone would wait for its own launch). No one
+waits longer than ``WAIT_S``. Without ``LOCK_ENV``, as on a learner's machine, nothing
+waits.
 """
 import contextlib
 import os
+import time
 
 try:
     import fcntl
@@ -25,6 +27,9 @@ except ImportError:  # Windows: no flock; the tests run on Linux and macOS
 
 LOCK_ENV = "COURSE_TIMING_LOCK"
 HELD_ENV = "COURSE_TIMING_LOCK_HELD"
+# far above any timing cell or launch of the course; past it the block runs anyway (a
+# cell that timed steps and launched processes would otherwise wait for itself)
+WAIT_S = 120
 
 
 @contextlib.contextmanager
@@ -36,11 +41,26 @@ def held(exclusive):
     if not path or fcntl is None or os.environ.get(HELD_ENV):
         yield
         return
+    mode = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB
+    deadline = time.monotonic() + WAIT_S
     with open(path, "a") as lock_file:
-        fcntl.flock(lock_file, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        while not _took(lock_file, mode):
+            if time.monotonic() > deadline:  # better a noisy timing than a hang
+                yield
+                return
+            time.sleep(0.05)
         os.environ[HELD_ENV] = "1"
         try:
             yield
         finally:
             os.environ.pop(HELD_ENV, None)
             fcntl.flock(lock_file, fcntl.LOCK_UN)
+
+
+def _took(lock_file, mode):
+    """Whether the lock was free and is now held (``mode`` has LOCK_NB)."""
+    try:
+        fcntl.flock(lock_file, mode)
+        return True
+    except BlockingIOError:
+        return False

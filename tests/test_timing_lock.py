@@ -1,5 +1,6 @@
 """The timing lock of `make test`: a timing alone, launches together, and nothing at
 all outside the tests."""
+import fcntl
 import importlib.util
 import os
 import subprocess
@@ -97,3 +98,14 @@ def test_a_notebook_cell_that_times_steps_runs_alone(lock_file, source, alone):
     finally:
         call.close()
     assert HELD_ENV not in os.environ
+
+
+def test_a_holder_that_waits_too_long_runs_unlocked(lock_file, monkeypatch):
+    monkeypatch.setattr("helpers.timing_lock.WAIT_S", 0.2)
+    with open(lock_file, "a") as other:  # another process's lock, held alone
+        fcntl.flock(other, fcntl.LOCK_EX)
+        start = time.perf_counter()
+        with held(exclusive=False):
+            waited = time.perf_counter() - start
+            assert HELD_ENV not in os.environ  # it runs, but holds nothing
+    assert 0.2 <= waited < 5
