@@ -53,6 +53,14 @@ BFLOAT16_MODEL = ("bfloat16-pure", "bfloat16-fsdp")
 PRECISION_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16",
                      "bf16-pure": "bfloat16-pure", "bf16-fsdp": "bfloat16-fsdp",
                      "no": "float32"}
+# the dtype each precision's matrix multiplications run in, which sets their peak: a
+# float32 run's are IEEE float32, PyTorch's default (get_float32_matmul_precision()
+# is "highest", torch.backends.cuda.matmul.allow_tf32 False, unless a run sets them)
+COMPUTE_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16",
+                  "bfloat16-pure": "bfloat16", "bfloat16-fsdp": "bfloat16"}
+# Published dense peaks, FLOP/s, per compute dtype (NVIDIA A100 datasheet; "float32" is
+# FP32, not TF32's 156 TFLOP/s): the command's default device
+A100_PEAK_FLOPS = {"float32": 19.5e12, "bfloat16": 312e12, "float16": 312e12}
 OPTIMIZERS = ("adamw", "sgd", "adafactor", "adamw8bit")
 SHARDINGS = ("none", "ddp", "zero1", "fsdp", "fsdp-reshard")
 OPTIMIZER_IMPLEMENTATIONS = ("for-loop", "foreach", "fused")
@@ -159,7 +167,10 @@ class Device:
     memory_bytes: float = 80 * 10**9
     context_bytes: float = 0
     link_bytes_per_s: float = 100 * 10**9
-    peak_flops: float = 312 * 10**12
+    # FLOP/s: one number for every precision (default: an A100's bfloat16 peak), or a
+    # peak per compute dtype (COMPUTE_DTYPES' values), e.g. A100_PEAK_FLOPS; a dict is
+    # left out of the hash
+    peak_flops: float | dict = dataclasses.field(default=312 * 10**12, hash=False)
     # the device type the fake run uses: autocast's rules and attention kernels differ
     # between 'cpu' and 'cuda'
     kind: str = "cuda"
@@ -175,11 +186,40 @@ class Device:
     def __post_init__(self):
         if self.kind not in ("cpu", "cuda"):
             raise ValueError(f"kind must be 'cpu' or 'cuda', got {self.kind!r}")
-        for name in ("memory_bytes", "context_bytes", "link_bytes_per_s", "peak_flops"):
-            value = getattr(self, name)
+        peaks = self.peak_flops
+        if isinstance(peaks, dict):
+            dtypes = sorted(set(COMPUTE_DTYPES.values()))
+            if not peaks or set(peaks) - set(dtypes):
+                raise ValueError(f"peak_flops as a dict maps compute dtypes ("
+                                 f"{', '.join(dtypes)}) to FLOP/s, e.g. "
+                                 f"{{'float32': 19.5e12, 'bfloat16': 312e12}}; got "
+                                 f"{peaks!r}")
+            object.__setattr__(self, "peak_flops", dict(peaks))  # the caller's copy
+        values = {name: getattr(self, name)
+                  for name in ("memory_bytes", "context_bytes", "link_bytes_per_s")}
+        if isinstance(peaks, dict):
+            values.update({f"peak_flops[{k!r}]": v for k, v in peaks.items()})
+        else:
+            values["peak_flops"] = peaks
+        for name, value in values.items():
             if (not isinstance(value, (int, float)) or isinstance(value, bool)
                     or value < 0):
                 raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+
+    def peak_for(self, precision):
+        """The peak FLOP/s of ``precision``'s matmuls (their dtype: COMPUTE_DTYPES)."""
+        precision = PRECISION_ALIASES.get(precision, precision)
+        if precision not in COMPUTE_DTYPES:
+            raise ValueError(f"unknown precision {precision!r}; valid: "
+                             f"{', '.join(PRECISIONS)}")
+        if not isinstance(self.peak_flops, dict):
+            return self.peak_flops
+        dtype = COMPUTE_DTYPES[precision]
+        if dtype not in self.peak_flops:
+            raise ValueError(f"this Device states no peak for {dtype} (the matmuls of "
+                             f"precision {precision!r}): add it to peak_flops, e.g. "
+                             f"peak_flops={{..., {dtype!r}: 312e12}}")
+        return self.peak_flops[dtype]
 
 
 @dataclasses.dataclass
@@ -1073,8 +1113,8 @@ def plan(model, run=None, levers=None, device=None):
                 link_seconds=(sent / device.link_bytes_per_s
                               if device.link_bytes_per_s else math.inf),
                 flops=int(flops),
-                compute_seconds=(flops / device.peak_flops
-                                 if device.peak_flops else math.inf),
+                compute_seconds=(flops / peak if (peak := device.peak_for(
+                    levers.precision)) else math.inf),
                 parameters=table.count, levers=levers, run=run, device=device,
                 peak_phase=peak_phase, phases={k: int(v) for k, v in phases.items()})
 
@@ -1312,6 +1352,30 @@ def parse_bytes(text):
     return value * units[unit]
 
 
+def parse_peak_tflops(text):
+    """'312' -> 312e12 for every precision; 'float32=19.5,bfloat16=312' -> a peak per
+    compute dtype (FLOP/s); None -> A100_PEAK_FLOPS."""
+    if text is None:
+        return dict(A100_PEAK_FLOPS)
+    example = "write e.g. 312, or float32=19.5,bfloat16=312,float16=312"
+    try:
+        if "=" not in str(text):
+            peaks = float(text)
+        else:
+            pairs = [item.split("=") for item in str(text).split(",")]
+            if any(len(pair) != 2 for pair in pairs):
+                raise ValueError
+            peaks = {dtype.strip(): float(value) for dtype, value in pairs}
+    except ValueError:
+        raise ValueError(f"cannot read --peak-tflops {text!r}: {example}") from None
+    values = peaks.values() if isinstance(peaks, dict) else [peaks]
+    if not all(0 < value < math.inf for value in values):
+        raise ValueError(f"--peak-tflops must be positive, got {text!r}")
+    if isinstance(peaks, dict):
+        return {dtype: value * 10**12 for dtype, value in peaks.items()}
+    return peaks * 10**12
+
+
 def lever_combinations(levers):
     """Every combination of the levers a learner can pull on the same devices."""
     shardings = (["none"] if levers.devices == 1 else
@@ -1389,7 +1453,8 @@ def format_plan(result):
     lines.append(f"sent per step: {result.sent_bytes / GiB:.3f} GiB "
                  f"({result.link_seconds * 1000:.1f} ms on the link); "
                  f"FLOPs per step: {result.flops:.3e} "
-                 f"({result.compute_seconds * 1000:.1f} ms at peak)")
+                 f"({result.compute_seconds * 1000:.1f} ms at "
+                 f"{result.device.peak_for(result.levers.precision) / 1e12:g} TFLOP/s)")
     lines.append("verdict: " + ("fits" if result.fits else "does NOT fit"))
     return "\n".join(lines)
 
@@ -1435,8 +1500,12 @@ def build_parser():
                              "CUDA context Transformers' docs measured on a V100)")
     parser.add_argument("--link", default="100GB", help="link bandwidth per second "
                         "per device, e.g. 100GB (NVLink-class) or 50GB")
-    parser.add_argument("--peak-tflops", type=float, default=312.0,
-                        help="peak throughput in TFLOP/s (default: A100 bfloat16)")
+    parser.add_argument("--peak-tflops", default=None,
+                        help="peak throughput in TFLOP/s: one number for every "
+                             "precision, or one per compute dtype, e.g. "
+                             "float32=67,bfloat16=989,float16=989 (an H100 SXM, "
+                             "NVIDIA's datasheet, dense); default: an A100's, "
+                             "float32=19.5,bfloat16=312,float16=312")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     return parser
 
@@ -1455,12 +1524,11 @@ def main(argv=None):
                         optimizer_implementation=args.optimizer_implementation,
                         sharding=sharding, devices=args.devices,
                         local_sgd_every=args.local_sgd)
-        if args.peak_tflops <= 0:
-            raise ValueError("--peak-tflops must be positive")
         device = Device(memory_bytes=parse_bytes(args.gpu_memory),
                         context_bytes=parse_bytes(args.context),
                         link_bytes_per_s=parse_bytes(args.link),
-                        peak_flops=args.peak_tflops * 10**12)
+                        peak_flops=parse_peak_tflops(args.peak_tflops))
+        device.peak_for(levers.precision)  # a peak for the run's precision, or say so
         load_config(args.model)
     except (ValueError, FileNotFoundError) as error:
         parser.error(str(error))

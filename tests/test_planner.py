@@ -104,6 +104,50 @@ def test_a_plan_read_back_from_the_disk_cache_is_the_same(tmp_path, monkeypatch)
     assert planner.plan("gpt2-tiny", run, levers).as_dict() == first
 
 
+def test_a_float32_step_is_timed_at_the_float32_peak():
+    # an A100's published dense peaks: float32 matmuls at 19.5 TFLOP/s (PyTorch's
+    # default, no TF32), bfloat16 autocast's at 312: the same FLOPs, 16 x the time
+    run, device = planner.Run(2, 16), planner.Device(
+        kind="cpu", peak_flops=planner.A100_PEAK_FLOPS)
+    full, mixed = (planner.plan("distilbert-tiny", run, planner.Levers(precision=p),
+                                device) for p in ("float32", "bf16"))
+    assert full.flops == mixed.flops > 0
+    assert full.compute_seconds == pytest.approx(mixed.compute_seconds * 312 / 19.5)
+    assert full.compute_seconds == pytest.approx(full.flops / 19.5e12)
+    # one number: every precision at that peak, as before
+    same = planner.Device(kind="cpu", peak_flops=312e12)
+    assert {same.peak_for(p) for p in planner.PRECISIONS} == {312e12}
+    assert device.peak_for("bf16-pure") == device.peak_for("bf16-fsdp") == 312e12
+
+
+@pytest.mark.parametrize("peaks, message", [
+    ({"tf32": 156e12}, "maps compute dtypes"),
+    ({}, "maps compute dtypes"),
+    ({"float32": -1.0}, r"peak_flops\['float32'\] must be a number >= 0"),
+    (-5, "peak_flops must be a number >= 0"),
+])
+def test_bad_peaks_say_what_to_write(peaks, message):
+    with pytest.raises(ValueError, match=message):
+        planner.Device(peak_flops=peaks)
+
+
+def test_a_precision_without_a_stated_peak_says_what_to_add():
+    device = planner.Device(kind="cpu", peak_flops={"float32": 19.5e12})
+    with pytest.raises(ValueError, match="no peak for bfloat16.*add it to peak_flops"):
+        planner.plan("distilbert-tiny", planner.Run(1, 8),
+                     planner.Levers(precision="bf16"), device)
+
+
+def test_the_commands_peak_is_one_number_or_one_per_dtype():
+    assert planner.parse_peak_tflops("312") == 312e12
+    assert planner.parse_peak_tflops("float32=67, bfloat16=989") == {
+        "float32": 67e12, "bfloat16": 989e12}
+    assert planner.parse_peak_tflops(None) == planner.A100_PEAK_FLOPS
+    for text in ("fast", "float32=", "float32=0"):
+        with pytest.raises(ValueError, match="--peak-tflops"):
+            planner.parse_peak_tflops(text)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"precision": "fp8"}, "unknown precision"),
     ({"optimizer": "lion"}, "unknown optimizer"),
@@ -131,6 +175,8 @@ def test_the_command_refuses_bad_input_with_a_sentence(capsys):
             (["--model", "data/models/gpt2", "--optimizer", "lion"],
              "unknown optimizer"),
             (["--model", "data/models/gpt2", "--gpu-memory", "lots"], "cannot read"),
+            (["--model", "data/models/gpt2", "--peak-tflops", "float32=19.5",
+              "--precision", "bf16"], "no peak for bfloat16"),
             (["--model", "data/models/missing"], "no config.json")]:
         with pytest.raises(SystemExit) as stopped:
             planner.main(arguments)

@@ -18,7 +18,7 @@ def test_7_1_levers_that_fit():
                     l7.GPU).fits
     assert_verdict(check(l7.FIT, Levers(devices=8, sharding="fsdp",
                                         precision="bf16-pure")),
-                   WRONG, "changes what training computes")
+                   WRONG, "changes the optimizer or the weights")
     assert_verdict(check(l7.FIT, Levers()), WRONG, "devices=8")
     assert_verdict(check(l7.FIT, "fsdp"), WRONG, "should be a Levers(...)")
     assert_verdict(l7.check_levers_that_fit.verdict(...), NOT_DONE)

@@ -43,8 +43,9 @@ def describe_levers(got, expected, config):
     if not got["fits"]:
         return ("the planner says it does not fit 80 GB. Hint: plan it and read the "
                 "parts: which one is whole on every GPU?")
-    return ("it fits, but it changes what training computes. Hint: keep AdamW and "
-            "float32 weights; pull a lever that costs only time or communication.")
+    return ("it fits, but it changes the optimizer or the weights' precision. Hint: "
+            "keep AdamW and float32 weights; pull a lever that costs only time or "
+            "communication.")
 
 
 FIT = core.Exercise(
