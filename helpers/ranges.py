@@ -11,6 +11,19 @@ the value beside that range and a verdict:
 
 The tests hide the value (``tests/nbval_sanitize.cfg``) and compare the rest: a value
 outside its range prints ``OUT OF RANGE`` and fails the suite on any machine.
+
+A lesson declares each measured value once, in one dict (issue 47), and both
+``print_measured(SUMMARY)`` and ``summary_table(SUMMARY)`` read it:
+
+    SUMMARY = {  # name: (value, the range the text relies on or None, its table row)
+        "steps": (steps, None, None),  # printed, not in the table
+        "eval_accuracy": (accuracy, (0.75, 1.0), ("validation accuracy", "{:.3f}",
+                                                  "it learned the task")),
+    }
+
+A row is ``(what, format)`` or ``(what, format, meaning)``; it may start with its place
+in the table (1, 2, ...) when the table shows the values in another order than the
+printed lines. ``format`` is a ``str.format`` pattern or a function of the value.
 """
 import math
 import numbers
@@ -69,14 +82,49 @@ def measured_line(name, value, expected_range=None, digits=3):
     return f"{name}: {shown}  ({range_text(low, high)}): {verdict(value, low, high)}"
 
 
-def print_measured(measured, expected, digits=3, where="lesson"):
+def declared(summary):
+    """A lesson's one declaration, ``{name: (value, range or None, row or None)}``,
+    split into what the older calls take: ``(measured, expected, findings)``, the
+    findings in the table's order."""
+    if not isinstance(summary, dict):
+        raise TypeError("a summary is a dict {name: (value, range or None, row or "
+                        f"None)}}, not {type(summary).__name__}")
+    bad = [name for name, entry in summary.items()
+           if not (isinstance(entry, tuple) and len(entry) == 3)]
+    if bad:
+        raise ValueError("each declared value is (value, range or None, row or None); "
+                         f"fix: {', '.join(bad)} (or give the ranges apart: "
+                         "print_measured(measured, EXPECTED))")
+    measured = {name: value for name, (value, _, _) in summary.items()}
+    expected = {name: bounds for name, (_, bounds, _) in summary.items()
+                if bounds is not None}
+    rows = {name: row for name, (_, _, row) in summary.items() if row is not None}
+    placed = [name for name, row in rows.items()
+              if isinstance(row, tuple) and row and isinstance(row[0], int)]
+    if placed and len(placed) != len(rows):
+        raise ValueError("give every table row its place or none: "
+                         f"{', '.join(sorted(set(rows) - set(placed)))} "
+                         "has no place")
+    if placed:
+        places = sorted(rows[name][0] for name in placed)
+        if places != list(range(1, len(places) + 1)):
+            raise ValueError(f"the table's places are {places}: number the rows 1 to "
+                             f"{len(places)}, each once")
+        rows = {name: rows[name][1:] for name in sorted(rows, key=lambda n: rows[n][0])}
+    return measured, expected, rows
+
+
+def print_measured(measured, expected=None, digits=3, where="lesson"):
     """Print a lesson's summary: every ``measured`` value, range-checked where
     ``expected`` names a range.
 
-    ``expected`` maps a name to ``(low, high)``; each name in it must be measured.
-    Returns nothing, so that a notebook cell ending with this call shows only the
-    printed lines.
+    ``measured`` is the lesson's declaration (module docstring), or a dict of values
+    with ``expected`` beside it, mapping a name to ``(low, high)``; each name in it must
+    be measured. Returns nothing, so that a notebook cell ending with this call shows
+    only the printed lines.
     """
+    if expected is None:
+        measured, expected, _ = declared(measured)
     unknown = set(expected) - set(measured)
     if unknown:
         raise KeyError("EXPECTED names values that were not measured: "
@@ -119,21 +167,28 @@ def summary_lines(text):
     return dict(line.split(": ", 1) for line in lines if ": " in line)
 
 
-def summary_table(measured, expected, findings):
+def summary_table(measured, expected=None, findings=None):
     """A lesson's summary as a table a person reads: what was measured, and its value on
     this machine (lesson 01 on).
 
+    ``measured`` is the lesson's declaration (module docstring), whose rows are the
+    table's; or a dict of values, with ``expected`` and ``findings`` beside it.
     ``findings`` maps a measured name to ``(what, format)`` or ``(what, format,
     meaning)``, in the order the table shows them: a few words a learner reads ("memory
     kept for backward, off / on"), a ``str.format`` pattern for the value ("{:.1f}x
-    less") and, for a third column, what the value means for a run ("pull it when
-    activations fill the memory"; STYLE 17). Ranges and verdicts
-    stay in ``print_measured``'s lines, for the tests (issue 42: none on a slide); a
+    less") or a function of it, and, for a third column, what the value means for a
+    run ("pull it when activations fill the memory"; STYLE 17). Ranges and verdicts stay
+    in ``print_measured``'s lines, for the tests (issue 42: none on a slide); a
     value outside its range in ``expected`` is still flagged here, in words. Returns a
     Markdown object, which the notebook shows as a table.
     """
     from IPython.display import Markdown
 
+    if expected is None and findings is None:
+        measured, expected, findings = declared(measured)
+    elif expected is None or findings is None:
+        raise TypeError("give summary_table the declaration alone, or the measured "
+                        "values, their ranges and the findings")
     unknown = [name for name in findings if name not in measured]
     if unknown:
         raise KeyError("findings names values that were not measured: "
@@ -147,7 +202,7 @@ def summary_table(measured, expected, findings):
     rows = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for name, (what, pattern, *meaning) in findings.items():
         value = measured[name]
-        shown = pattern.format(value)
+        shown = pattern(value) if callable(pattern) else pattern.format(value)
         if name in expected and verdict(value, *expected[name]) != IN_RANGE:
             # bold: the eye finds it; the text relies on the range
             shown = f"**{shown}: {OUTSIDE_TEXT} the lesson's text relies on**"

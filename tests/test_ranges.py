@@ -2,7 +2,8 @@
 one inside passes.
 
 Two levels: nbval itself run on a small notebook whose stored output came from an
-in-range value, and every range that a lesson declares (its ``EXPECTED = {...}``), fed a
+in-range value, and every range that a lesson declares (in its ``SUMMARY = {...}``, or
+an older ``EXPECTED = {...}``), fed a
 value outside it, compared with the lesson's stored output the way nbval compares it
 (after the sanitizer).
 """
@@ -167,7 +168,8 @@ def test_nbval_passes_another_value_in_range_and_fails_one_outside(tmp_path):
 
 
 def declared_ranges(lesson):
-    """A lesson's ``EXPECTED = {...}`` (in whichever cell declares it), and its
+    """The ranges a lesson declares, in its ``SUMMARY = {name: (value, range, row)}``
+    or an older ``EXPECTED = {name: range}`` (in whichever cell declares it), and its
     ``print_measured`` cell's stored text.
 
     A range written as a name, not a literal (lesson 05's ``SPEED_RANGE``, chosen by the
@@ -175,18 +177,25 @@ def declared_ranges(lesson):
     """
     expected, output = {}, ""
     for cell in nbformat.read(lesson, as_version=4).cells:
-        if (cell.cell_type != "code" or "EXPECTED" not in cell.source
-            and "print_measured(" not in cell.source):
+        if (cell.cell_type != "code"
+            or not any(word in cell.source
+                       for word in ("EXPECTED", "SUMMARY", "print_measured("))):
             continue  # the others may hold IPython magics, which are not Python
         for node in ast.walk(ast.parse(cell.source)):
-            if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
-                and [t.id for t in node.targets if isinstance(t, ast.Name)]
-                == ["EXPECTED"]):
-                for key, value in zip(node.value.keys, node.value.values):
-                    try:
-                        expected[ast.literal_eval(key)] = ast.literal_eval(value)
-                    except ValueError:
-                        continue
+            if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)):
+                continue
+            target = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            for key, value in zip(node.value.keys, node.value.values):
+                if target == ["SUMMARY"] and isinstance(value, ast.Tuple):
+                    value = value.elts[1]  # (value, range, row)
+                elif target != ["EXPECTED"]:
+                    continue
+                try:
+                    bounds = ast.literal_eval(value)
+                except ValueError:
+                    continue
+                if bounds is not None:
+                    expected[ast.literal_eval(key)] = bounds
         if "print_measured(" in cell.source:
             output = "".join(
                 o.get("text", "") for o in cell.outputs if o.output_type == "stream"
@@ -269,3 +278,74 @@ def test_the_summary_table_refuses_a_finding_never_measured():
 
     with pytest.raises(KeyError, match="not measured: typo"):
         summary_table({"a": 1}, {}, {"typo": ("meaning", "{}")})
+
+
+def test_one_declaration_prints_the_lines_and_the_table_of_the_three_dicts(capsys):
+    from helpers.ranges import declared, summary_table
+
+    # issue 47: each value once; the printed lines as print_measured(measured,
+    # EXPECTED) wrote them, and the table as summary_table(measured, EXPECTED, findings)
+    measured = {"steps": 252, "ratio": 15.64, "accuracy": 0.5, "plans": ["a", "b"]}
+    expected = {"ratio": (10, None), "accuracy": (0.75, 1.0)}
+    findings = {"accuracy": ("accuracy", "{:.2f}", "it learned"),
+                "ratio": ("less memory kept", "{:.1f}x", "pull it"),
+                "plans": ("plans", ", ".join)}
+    summary = {
+        "steps": (252, None, None),
+        "ratio": (15.64, (10, None), (2, "less memory kept", "{:.1f}x", "pull it")),
+        "accuracy": (0.5, (0.75, 1.0), (1, "accuracy", "{:.2f}", "it learned")),
+        "plans": (["a", "b"], None, (3, "plans", ", ".join)),
+    }
+    assert declared(summary) == (measured, expected, findings)
+    print_measured(measured, expected, digits=2, where="lab")
+    old_lines = capsys.readouterr().out
+    print_measured(summary, digits=2, where="lab")
+    assert capsys.readouterr().out == old_lines
+    assert "accuracy: 0.50  (expected 0.75 to 1): OUT OF RANGE" in old_lines
+    table = summary_table(summary).data
+    assert table == summary_table(measured, expected, findings).data
+    assert table.splitlines()[2].startswith("| accuracy | **0.50: outside")
+    assert table.splitlines()[4] == "| plans | a, b |  |"
+    # without places, the table keeps the declaration's order
+    unplaced = {name: (value, bounds, row and row[1:])
+                for name, (value, bounds, row) in summary.items()}
+    assert list(declared(unplaced)[2]) == ["ratio", "accuracy", "plans"]
+
+
+@pytest.mark.parametrize("summary, message", [
+    ({"a": 0.5}, "fix: a"),
+    ({"a": (0.5, None)}, "fix: a"),
+    ({"a": (1, None, (1, "a", "{}")), "b": (2, None, ("b", "{}"))}, "b has no place"),
+    ({"a": (1, None, (1, "a", "{}")), "b": (2, None, (3, "b", "{}"))},
+     "number the rows 1 to 2"),
+])
+def test_a_bad_declaration_gets_a_clear_error(summary, message):
+    from helpers.ranges import summary_table
+
+    with pytest.raises(ValueError, match=message):
+        print_measured(summary)
+    with pytest.raises(ValueError, match=message):
+        summary_table(summary)
+    with pytest.raises(TypeError, match="declaration alone"):
+        summary_table({"a": 1}, {})
+
+
+# Lessons whose summary still spells each name in measured, EXPECTED and the table's
+# findings (issue 47); their owners convert them to one SUMMARY and take them off.
+NOT_YET_DECLARED_ONCE = {"02_trainer_and_accelerator", "02_trainer_and_accelerator_lab",
+                         "05_mixed_precision", "05_mixed_precision_lab",
+                         "07_plan_a_run", "07_plan_a_run_lab"}
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=[lesson.stem for lesson in LESSONS])
+def test_a_lesson_declares_each_measured_value_once(lesson):
+    if lesson.stem in NOT_YET_DECLARED_ONCE:
+        pytest.skip("not yet converted to one SUMMARY (issue 47)")
+    code = "\n".join(cell.source for cell in nbformat.read(lesson, as_version=4).cells
+                     if cell.cell_type == "code")
+    if "print_measured(" not in code:
+        return  # no summary: nothing measured against a range
+    assert "SUMMARY = {" in code, f"{lesson.name}: declare the values in SUMMARY"
+    assert not re.search(r"^(EXPECTED|measured) = ", code, re.M), lesson.name
+    assert re.findall(r"(?:print_measured|summary_table)\((\w+)[,)]", code) \
+        == ["SUMMARY"] * len(re.findall(r"(?:print_measured|summary_table)\(", code))
