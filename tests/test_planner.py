@@ -8,6 +8,7 @@ import sys
 import warnings
 
 import pytest
+import torch
 
 from helpers import planner
 from helpers.paths import REPO_ROOT
@@ -44,6 +45,21 @@ def test_mixed_precision_keeps_float32_weights_and_adds_autocast_copies():
     assert mixed.parts["weights"] == full.parts["weights"]
     assert full.parts["autocast weight copies"] == 0
     assert mixed.parts["autocast weight copies"] > 0
+
+
+def test_autocasts_weight_cache_is_counted_until_forward_ends():
+    # FSDP2 and checkpointing: the peak is at forward's end, where autocast's cache
+    # holds a bfloat16 copy of every Linear weight (2 bytes per parameter, less the
+    # embedding, which is never cast); off, the step holds none (lesson 07)
+    run = planner.Run(1, 128)
+    levers = planner.Levers(checkpointing=True, precision="bf16", sharding="fsdp",
+                            devices=2)
+    cached = planner.plan("llama-2-7b", run, levers)
+    uncached = planner.plan("llama-2-7b", planner.Run(1, 128, autocast_cache=False),
+                            levers)
+    cache = cached.peak_bytes - uncached.peak_bytes
+    assert 0.8 * 2 * cached.parameters < cache <= 2 * cached.parameters
+    assert torch.is_autocast_cache_enabled()  # the flag is put back
 
 
 def test_sharded_bytes_per_device_follow_zero():
