@@ -97,6 +97,10 @@ class Run:
     # course's) or reentrant (torch.utils.checkpoint's default until 2.4, that of
     # Transformers' published runs)
     reentrant_checkpointing: bool = False
+    # autocast's weight cache (torch.autocast's cache_enabled, on by default): the
+    # 16-bit copy autocast makes of a float32 weight (a leaf that requires grad) is
+    # kept until the outermost autocast exits, at forward's end (lessons 05 and 07)
+    autocast_cache: bool = True
 
     def __post_init__(self):
         for name in ("batch", "seq", "accumulation"):
@@ -746,8 +750,14 @@ def prepare_model(model, levers, device_type, cast=True, reentrant=False):
 
 def micro_batch_step(model, batch, run, levers, device_type):
     """Forward (under the precision's autocast) and backward of one micro-batch."""
-    with autocast_context(levers.precision, device_type):
-        loss = model(**batch).loss
+    cache = torch.is_autocast_cache_enabled()
+    # checkpointing's recomputation in backward reuses the flag forward ran with
+    torch.set_autocast_cache_enabled(run.autocast_cache)
+    try:
+        with autocast_context(levers.precision, device_type):
+            loss = model(**batch).loss
+    finally:
+        torch.set_autocast_cache_enabled(cache)
     if run.accumulation > 1:
         loss = loss / run.accumulation
     return loss

@@ -8,6 +8,7 @@ import sys
 import warnings
 
 import pytest
+import torch
 
 from helpers import planner
 from helpers.paths import REPO_ROOT
@@ -44,6 +45,22 @@ def test_mixed_precision_keeps_float32_weights_and_adds_autocast_copies():
     assert mixed.parts["weights"] == full.parts["weights"]
     assert full.parts["autocast weight copies"] == 0
     assert mixed.parts["autocast weight copies"] > 0
+
+
+def test_autocasts_weight_cache_is_counted_until_forward_ends():
+    # FSDP2 and checkpointing: the peak is at forward's end, where autocast's cache
+    # holds a bfloat16 copy of each Linear weight, most of 2 bytes per parameter (the
+    # embedding is never cast); off, the step holds none (lesson 07). The model and
+    # shape of test_sharded_bytes_per_device_follow_zero: its parameter table is reused
+    run, device = planner.Run(1, 8), planner.Device(kind="cpu")
+    levers = planner.Levers(checkpointing=True, precision="bf16", sharding="fsdp",
+                            devices=8)
+    cached = planner.plan("llama-3.1-8b", run, levers, device)
+    uncached = planner.plan("llama-3.1-8b", planner.Run(1, 8, autocast_cache=False),
+                            levers, device)
+    cache = cached.peak_bytes - uncached.peak_bytes
+    assert 0.5 * 2 * cached.parameters < cache <= 2 * cached.parameters
+    assert torch.is_autocast_cache_enabled()  # the flag is put back
 
 
 def test_sharded_bytes_per_device_follow_zero():
