@@ -315,13 +315,17 @@ def _cache_version():
             transformers.__version__]
 
 
+def _cache_path(kind, key):
+    digest = hashlib.sha256(json.dumps([kind, key, _cache_version()],
+                                       default=str).encode()).hexdigest()
+    return Path(CACHE_DIR) / f"{kind}-{digest[:32]}.pickle"
+
+
 def _disk_cached(kind, key, compute):
     """``compute()``, or its result stored earlier under ``key`` in ``CACHE_DIR``."""
     if CACHE_DIR == "off":
         return compute()
-    digest = hashlib.sha256(json.dumps([kind, key, _cache_version()],
-                                       default=str).encode()).hexdigest()
-    path = Path(CACHE_DIR) / f"{kind}-{digest[:32]}.pickle"
+    path = _cache_path(kind, key)
     with contextlib.suppress(OSError, EOFError, pickle.UnpicklingError,
                              AttributeError):
         return pickle.loads(path.read_bytes())
@@ -866,11 +870,14 @@ SHALLOW_LAYERS = 4
 
 @functools.lru_cache(maxsize=256)
 def _segments_cached(config_json, run, levers_key, device_type, with_gradients):
+    key = (config_json, run, levers_key, device_type, with_gradients)
+
+    def compute():
+        measured = _PREFETCH.take(key)
+        return _measure_segments(*key) if measured is None else measured
     return _disk_cached(
         "segments", [config_json, dataclasses.astuple(run), levers_key, device_type,
-                     with_gradients],
-        lambda: _measure_segments(config_json, run, levers_key, device_type,
-                                  with_gradients))
+                     with_gradients], compute)
 
 
 def _measure_segments(config_json, run, levers_key, device_type, with_gradients):
@@ -892,14 +899,148 @@ def _levers_key(levers):
     return levers.checkpointing, levers.precision
 
 
+def _segments_key(config, run, levers, device_type, with_gradients):
+    shape = dataclasses.replace(run, accumulation=min(run.accumulation, 2),
+                                keep_gradients=False)
+    return (json.dumps(config.to_dict(), sort_keys=True, default=str), shape,
+            _levers_key(levers), device_type, with_gradients)
+
+
 def segments(config, run, levers, device_type, with_gradients):
     """``fake_segments``, remembered: it depends on the model, the run's shape,
     checkpointing and precision only."""
-    shape = dataclasses.replace(run, accumulation=min(run.accumulation, 2),
-                                keep_gradients=False)
-    return _segments_cached(json.dumps(config.to_dict(), sort_keys=True, default=str),
-                            shape, _levers_key(levers),
-                            device_type, with_gradients)
+    return _segments_cached(*_segments_key(config, run, levers, device_type,
+                                           with_gradients))
+
+
+def _segment_requests(run, levers):
+    """The ``with_gradients`` of each fake run ``plan`` asks for (the same rules)."""
+    if levers.sharding.startswith("fsdp"):
+        return [False]
+    grads_kept = run.keep_gradients or levers.sharding in ("ddp", "zero1")
+    return [grads_kept] + ([True] if run.accumulation > 1 and not grads_kept else [])
+
+
+class _Prefetch:
+    """Fake runs measured ahead in one forked process, on the second core, while this
+    one plans: the command's search for the cheapest combinations asks for several
+    (a 70B configuration: three, about a second of CPU time each). The fork inherits
+    the imported model code; a result is the same measurement, made elsewhere. A
+    worker that fails sends its traceback, raised here; one that dies leaves its runs
+    to this process."""
+
+    def __init__(self):
+        self.process = self.receiver = self.thread = None
+        self.pending, self.results = [], {}
+
+    def start(self, keys):
+        import multiprocessing
+        import queue
+        import threading
+
+        self.stop()
+        if not keys:
+            return
+        context = multiprocessing.get_context("fork")
+        self.receiver, sender = context.Pipe(duplex=False)
+        # daemon: ended with this process, whatever it has left to measure
+        self.process = context.Process(target=_prefetch_worker, args=(keys, sender),
+                                       daemon=True)
+        self.process.start()
+        sender.close()
+        self.pending = list(keys)
+        # a thread empties the pipe as results come: a worker never waits to send
+        self.arrived = queue.Queue()
+        self.thread = threading.Thread(target=self._receive, daemon=True)
+        self.thread.start()
+
+    def _receive(self):
+        while True:
+            try:
+                self.arrived.put(self.receiver.recv())
+            except (EOFError, OSError):  # the worker is done, or died
+                self.arrived.put(None)
+                return
+
+    def take(self, key):
+        """The measurement of ``key`` made ahead (waiting for it), or None."""
+        while key in self.pending:
+            message = self.arrived.get()
+            if message is None:  # the worker died: measure here
+                self.stop()
+                return None
+            done, ok, value = message
+            self.pending.remove(done)
+            if not ok:
+                self.stop()
+                raise RuntimeError(f"a fake run measured ahead failed:\n{value}")
+            self.results[done] = value
+        return self.results.pop(key, None)
+
+    def stop(self):
+        if self.process is not None:
+            self.process.kill()
+            self.process.join()
+            self.thread.join()  # the pipe's other end is closed: it has ended
+            self.receiver.close()
+        self.process = self.receiver = self.thread = None
+        self.pending, self.results = [], {}
+
+
+def _prefetch_worker(keys, sender):
+    import traceback
+
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.set_verbosity_error()  # the parent shows Transformers' notes
+    for key in keys:
+        try:
+            sender.send((key, True, _measure_segments(*key)))
+        except Exception:  # noqa: BLE001 (sent to the parent, which raises it)
+            sender.send((key, False, traceback.format_exc()))
+            break
+    sender.close()
+
+
+_PREFETCH = _Prefetch()
+
+
+def prefetch_search(model, run, levers, device):
+    """Start measuring, in a forked process, the fake runs ``cheapest_fitting`` may ask
+    for beyond those of ``plan(model, run, levers, device)`` (where this machine has
+    a second core and can fork); ``plan`` and ``cheapest_fitting`` take them as they
+    come. Their results are the same with or without it."""
+    import multiprocessing
+
+    if (os.cpu_count() or 1) < 2 or "fork" not in \
+            multiprocessing.get_all_start_methods():
+        return
+    config = load_config(model)
+    own = {_segments_key(config, run, levers, device.kind, g)
+           for g in _segment_requests(run, levers)}
+    keys = []
+    for candidate in _search_candidates(config, run, levers, device):
+        for with_gradients in _segment_requests(run, candidate):
+            key = _segments_key(config, run, candidate, device.kind, with_gradients)
+            if key not in own and key not in keys and not _is_cached(key):
+                keys.append(key)
+    # checkpointed runs first: the search plans a combination without checkpointing
+    # only where its checkpointed twin fits
+    keys.sort(key=lambda key: not key[2][0])
+    # what the fake runs import, imported before the fork, once
+    from torch.utils import checkpoint, flop_counter  # noqa: F401
+
+    from helpers import mixed_precision  # noqa: F401
+    _PREFETCH.start(keys)
+
+
+def _is_cached(key):
+    """Whether the fake run ``key`` is remembered, in this process or on disk."""
+    if CACHE_DIR == "off":
+        return False
+    config_json, run, levers_key, device_type, with_gradients = key
+    return _cache_path("segments", [config_json, dataclasses.astuple(run), levers_key,
+                                    device_type, with_gradients]).exists()
 
 
 def synthesise(seg, layers, reduce_scatter_over=None):
@@ -981,15 +1122,32 @@ def sent_bytes_per_step(table, run, levers):
     return sent * forwards
 
 
+def _gathered_bytes(table, levers):
+    """The whole weights FSDP2 gathers: every group's from forward to backward when it
+    keeps them, else the group in use and the one prefetched (lesson 06); 0 without
+    FSDP2."""
+    if not levers.sharding.startswith("fsdp"):
+        return 0
+    n = levers.devices
+    element = 2 if levers.precision == "bfloat16-fsdp" else _dtype_bytes(levers)
+    group_bytes = [sum(_shard_shape(s, n)[0] * math.prod(s[1:]) for s in g) * n
+                   * element for g in table.groups]
+    if levers.sharding == "fsdp":
+        return sum(group_bytes)
+    return group_bytes[-1] + 2 * max(group_bytes[:-1])
+
+
 def state_bytes(model, run, levers):
-    """Weights, gradients and optimizer state on the device that holds the most: a
-    lower bound of the plan's peak, from formulas alone."""
+    """Weights, gradients and optimizer state on the device that holds the most, and
+    the whole weights FSDP2 gathers: a lower bound of the plan's peak, from formulas
+    alone (the plan's forward and backward holds all of them, and activations)."""
     table = parameter_table(load_config(model), run.attention)
     element = _dtype_bytes(levers)
     weight_shapes, state_shapes = _per_device_shapes(table, levers)
     weights = sum(math.prod(s) for s in weight_shapes) * element
-    return 2 * weights + sum(optimizer_state_bytes(s, levers.optimizer, element)
-                             for s in state_shapes)
+    return (2 * weights + sum(optimizer_state_bytes(s, levers.optimizer, element)
+                              for s in state_shapes)
+            + _gathered_bytes(table, levers))
 
 
 def plan(model, run=None, levers=None, device=None):
@@ -1023,17 +1181,7 @@ def plan(model, run=None, levers=None, device=None):
                  if run.accumulation > 1 and not grads_kept else first)
         peak_later, _, _ = synthesise(later, table.layers)
     copies = first.copies_other + table.layers * first.copies_per_layer
-    # FSDP2 gathers whole weights: every group's from forward to backward when it keeps
-    # them, else the group in use and the one prefetched (lesson 06)
-    gathered = 0
-    if fsdp:
-        gathered_element = 2 if levers.precision == "bfloat16-fsdp" else element
-        group_bytes = [sum(_shard_shape(s, n)[0] * math.prod(s[1:]) for s in g) * n
-                       * gathered_element for g in table.groups]
-        if levers.sharding == "fsdp":
-            gathered = sum(group_bytes)
-        else:
-            gathered = group_bytes[-1] + 2 * max(group_bytes[:-1])
+    gathered = _gathered_bytes(table, levers)
     base = weights + state
     phases = {}
     if fsdp:
@@ -1334,6 +1482,15 @@ PRECISION_RISK = {"float32": 0, "bfloat16": 0, "float16": 0, "bfloat16-pure": 1,
                   "bfloat16-fsdp": 0}
 
 
+def _search_candidates(model, run, levers, device):
+    """The combinations ``cheapest_fitting`` may plan: those whose state and gathered
+    weights alone fit (the others need no fake run to be ruled out)."""
+    for candidate in lever_combinations(levers):
+        if state_bytes(model, run, candidate) + device.context_bytes <= \
+                device.memory_bytes:
+            yield candidate
+
+
 def cheapest_fitting(model, run, levers, device, count=5):
     """The ``count`` cheapest combinations that fit: fewest changes to the training's
     result first (optimizer, then bfloat16 end to end), then the shortest step
@@ -1341,10 +1498,7 @@ def cheapest_fitting(model, run, levers, device, count=5):
     fitting = []
     model = load_config(model)  # read once
     too_big = set()  # checkpointed combinations that do not fit
-    for candidate in lever_combinations(levers):
-        if state_bytes(model, run, candidate) + device.context_bytes > \
-                device.memory_bytes:
-            continue  # its weights, gradients and state alone do not fit: no fake run
+    for candidate in _search_candidates(model, run, levers, device):
         twin = dataclasses.replace(candidate, checkpointing=True)
         if not candidate.checkpointing and twin in too_big:
             # checkpointing keeps less than no checkpointing (each layer's input, and
@@ -1465,6 +1619,15 @@ def main(argv=None):
     except (ValueError, FileNotFoundError) as error:
         parser.error(str(error))
     started = time.perf_counter()
+    if not args.json:  # the search below: its fake runs begin on the second core
+        prefetch_search(args.model, run, levers, device)
+    try:
+        return _answer(args, run, levers, device, started)
+    finally:
+        _PREFETCH.stop()
+
+
+def _answer(args, run, levers, device, started):
     result = plan(args.model, run, levers, device)
     if args.json:
         print(json.dumps(result.as_dict(), indent=2))
