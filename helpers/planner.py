@@ -1141,7 +1141,10 @@ def state_bytes(model, run, levers):
     """Weights, gradients and optimizer state on the device that holds the most, and
     the whole weights FSDP2 gathers: a lower bound of the plan's peak, from formulas
     alone (the plan's forward and backward holds all of them, and activations)."""
-    table = parameter_table(load_config(model), run.attention)
+    return _state_bytes(parameter_table(load_config(model), run.attention), levers)
+
+
+def _state_bytes(table, levers):
     element = _dtype_bytes(levers)
     weight_shapes, state_shapes = _per_device_shapes(table, levers)
     weights = sum(math.prod(s) for s in weight_shapes) * element
@@ -1485,9 +1488,9 @@ PRECISION_RISK = {"float32": 0, "bfloat16": 0, "float16": 0, "bfloat16-pure": 1,
 def _search_candidates(model, run, levers, device):
     """The combinations ``cheapest_fitting`` may plan: those whose state and gathered
     weights alone fit (the others need no fake run to be ruled out)."""
+    table = parameter_table(load_config(model), run.attention)
     for candidate in lever_combinations(levers):
-        if state_bytes(model, run, candidate) + device.context_bytes <= \
-                device.memory_bytes:
+        if _state_bytes(table, candidate) + device.context_bytes <= device.memory_bytes:
             yield candidate
 
 

@@ -110,7 +110,7 @@ def _ahead_keys():
     return [planner._segments_key(config, planner.Run(2, 16),
                                   planner.Levers(checkpointing=checkpointing,
                                                  precision=precision), "cpu", False)
-            for checkpointing in (True, False) for precision in ("float32", "bf16")]
+            for checkpointing, precision in ((True, "bf16"), (False, "float32"))]
 
 
 def _what_plans_read(seg):
