@@ -315,17 +315,13 @@ def _cache_version():
             transformers.__version__]
 
 
-def _cache_path(kind, key):
-    digest = hashlib.sha256(json.dumps([kind, key, _cache_version()],
-                                       default=str).encode()).hexdigest()
-    return Path(CACHE_DIR) / f"{kind}-{digest[:32]}.pickle"
-
-
 def _disk_cached(kind, key, compute):
     """``compute()``, or its result stored earlier under ``key`` in ``CACHE_DIR``."""
     if CACHE_DIR == "off":
         return compute()
-    path = _cache_path(kind, key)
+    digest = hashlib.sha256(json.dumps([kind, key, _cache_version()],
+                                       default=str).encode()).hexdigest()
+    path = Path(CACHE_DIR) / f"{kind}-{digest[:32]}.pickle"
     with contextlib.suppress(OSError, EOFError, pickle.UnpicklingError,
                              AttributeError):
         return pickle.loads(path.read_bytes())
@@ -870,14 +866,11 @@ SHALLOW_LAYERS = 4
 
 @functools.lru_cache(maxsize=256)
 def _segments_cached(config_json, run, levers_key, device_type, with_gradients):
-    key = (config_json, run, levers_key, device_type, with_gradients)
-
-    def compute():
-        measured = _PREFETCH.take(key)
-        return _measure_segments(*key) if measured is None else measured
     return _disk_cached(
         "segments", [config_json, dataclasses.astuple(run), levers_key, device_type,
-                     with_gradients], compute)
+                     with_gradients],
+        lambda: _measure_segments(config_json, run, levers_key, device_type,
+                                  with_gradients))
 
 
 def _measure_segments(config_json, run, levers_key, device_type, with_gradients):
@@ -899,148 +892,14 @@ def _levers_key(levers):
     return levers.checkpointing, levers.precision
 
 
-def _segments_key(config, run, levers, device_type, with_gradients):
-    shape = dataclasses.replace(run, accumulation=min(run.accumulation, 2),
-                                keep_gradients=False)
-    return (json.dumps(config.to_dict(), sort_keys=True, default=str), shape,
-            _levers_key(levers), device_type, with_gradients)
-
-
 def segments(config, run, levers, device_type, with_gradients):
     """``fake_segments``, remembered: it depends on the model, the run's shape,
     checkpointing and precision only."""
-    return _segments_cached(*_segments_key(config, run, levers, device_type,
-                                           with_gradients))
-
-
-def _segment_requests(run, levers):
-    """The ``with_gradients`` of each fake run ``plan`` asks for (the same rules)."""
-    if levers.sharding.startswith("fsdp"):
-        return [False]
-    grads_kept = run.keep_gradients or levers.sharding in ("ddp", "zero1")
-    return [grads_kept] + ([True] if run.accumulation > 1 and not grads_kept else [])
-
-
-class _Prefetch:
-    """Fake runs measured ahead in one forked process, on the second core, while this
-    one plans: the command's search for the cheapest combinations asks for several
-    (a 70B configuration: three, about a second of CPU time each). The fork inherits
-    the imported model code; a result is the same measurement, made elsewhere. A
-    worker that fails sends its traceback, raised here; one that dies leaves its runs
-    to this process."""
-
-    def __init__(self):
-        self.process = self.receiver = self.thread = None
-        self.pending, self.results = [], {}
-
-    def start(self, keys):
-        import multiprocessing
-        import queue
-        import threading
-
-        self.stop()
-        if not keys:
-            return
-        context = multiprocessing.get_context("fork")
-        self.receiver, sender = context.Pipe(duplex=False)
-        # daemon: ended with this process, whatever it has left to measure
-        self.process = context.Process(target=_prefetch_worker, args=(keys, sender),
-                                       daemon=True)
-        self.process.start()
-        sender.close()
-        self.pending = list(keys)
-        # a thread empties the pipe as results come: a worker never waits to send
-        self.arrived = queue.Queue()
-        self.thread = threading.Thread(target=self._receive, daemon=True)
-        self.thread.start()
-
-    def _receive(self):
-        while True:
-            try:
-                self.arrived.put(self.receiver.recv())
-            except (EOFError, OSError):  # the worker is done, or died
-                self.arrived.put(None)
-                return
-
-    def take(self, key):
-        """The measurement of ``key`` made ahead (waiting for it), or None."""
-        while key in self.pending:
-            message = self.arrived.get()
-            if message is None:  # the worker died: measure here
-                self.stop()
-                return None
-            done, ok, value = message
-            self.pending.remove(done)
-            if not ok:
-                self.stop()
-                raise RuntimeError(f"a fake run measured ahead failed:\n{value}")
-            self.results[done] = value
-        return self.results.pop(key, None)
-
-    def stop(self):
-        if self.process is not None:
-            self.process.kill()
-            self.process.join()
-            self.thread.join()  # the pipe's other end is closed: it has ended
-            self.receiver.close()
-        self.process = self.receiver = self.thread = None
-        self.pending, self.results = [], {}
-
-
-def _prefetch_worker(keys, sender):
-    import traceback
-
-    from transformers.utils import logging as transformers_logging
-
-    transformers_logging.set_verbosity_error()  # the parent shows Transformers' notes
-    for key in keys:
-        try:
-            sender.send((key, True, _measure_segments(*key)))
-        except Exception:  # noqa: BLE001 (sent to the parent, which raises it)
-            sender.send((key, False, traceback.format_exc()))
-            break
-    sender.close()
-
-
-_PREFETCH = _Prefetch()
-
-
-def prefetch_search(model, run, levers, device):
-    """Start measuring, in a forked process, the fake runs ``cheapest_fitting`` may ask
-    for beyond those of ``plan(model, run, levers, device)`` (where this machine has
-    a second core and can fork); ``plan`` and ``cheapest_fitting`` take them as they
-    come. Their results are the same with or without it."""
-    import multiprocessing
-
-    if (os.cpu_count() or 1) < 2 or "fork" not in \
-            multiprocessing.get_all_start_methods():
-        return
-    config = load_config(model)
-    own = {_segments_key(config, run, levers, device.kind, g)
-           for g in _segment_requests(run, levers)}
-    keys = []
-    for candidate in _search_candidates(config, run, levers, device):
-        for with_gradients in _segment_requests(run, candidate):
-            key = _segments_key(config, run, candidate, device.kind, with_gradients)
-            if key not in own and key not in keys and not _is_cached(key):
-                keys.append(key)
-    # checkpointed runs first: the search plans a combination without checkpointing
-    # only where its checkpointed twin fits
-    keys.sort(key=lambda key: not key[2][0])
-    # what the fake runs import, imported before the fork, once
-    from torch.utils import checkpoint, flop_counter  # noqa: F401
-
-    from helpers import mixed_precision  # noqa: F401
-    _PREFETCH.start(keys)
-
-
-def _is_cached(key):
-    """Whether the fake run ``key`` is remembered, in this process or on disk."""
-    if CACHE_DIR == "off":
-        return False
-    config_json, run, levers_key, device_type, with_gradients = key
-    return _cache_path("segments", [config_json, dataclasses.astuple(run), levers_key,
-                                    device_type, with_gradients]).exists()
+    shape = dataclasses.replace(run, accumulation=min(run.accumulation, 2),
+                                keep_gradients=False)
+    return _segments_cached(json.dumps(config.to_dict(), sort_keys=True, default=str),
+                            shape, _levers_key(levers),
+                            device_type, with_gradients)
 
 
 def synthesise(seg, layers, reduce_scatter_over=None):
@@ -1622,15 +1481,6 @@ def main(argv=None):
     except (ValueError, FileNotFoundError) as error:
         parser.error(str(error))
     started = time.perf_counter()
-    if not args.json:  # the search below: its fake runs begin on the second core
-        prefetch_search(args.model, run, levers, device)
-    try:
-        return _answer(args, run, levers, device, started)
-    finally:
-        _PREFETCH.stop()
-
-
-def _answer(args, run, levers, device, started):
     result = plan(args.model, run, levers, device)
     if args.json:
         print(json.dumps(result.as_dict(), indent=2))
