@@ -1031,15 +1031,35 @@ def sent_bytes_per_step(table, run, levers):
     return sent * forwards
 
 
+def _gathered_bytes(table, levers):
+    """The whole weights FSDP2 gathers: every group's from forward to backward when it
+    keeps them, else the group in use and the one prefetched (lesson 06); 0 without
+    FSDP2."""
+    if not levers.sharding.startswith("fsdp"):
+        return 0
+    n = levers.devices
+    element = 2 if levers.precision == "bfloat16-fsdp" else _dtype_bytes(levers)
+    group_bytes = [sum(_shard_shape(s, n)[0] * math.prod(s[1:]) for s in g) * n
+                   * element for g in table.groups]
+    if levers.sharding == "fsdp":
+        return sum(group_bytes)
+    return group_bytes[-1] + 2 * max(group_bytes[:-1])
+
+
 def state_bytes(model, run, levers):
-    """Weights, gradients and optimizer state on the device that holds the most: a
-    lower bound of the plan's peak, from formulas alone."""
-    table = parameter_table(load_config(model), run.attention)
+    """Weights, gradients and optimizer state on the device that holds the most, and
+    the whole weights FSDP2 gathers: a lower bound of the plan's peak, from formulas
+    alone (the plan's forward and backward holds all of them, and activations)."""
+    return _state_bytes(parameter_table(load_config(model), run.attention), levers)
+
+
+def _state_bytes(table, levers):
     element = _dtype_bytes(levers)
     weight_shapes, state_shapes = _per_device_shapes(table, levers)
     weights = sum(math.prod(s) for s in weight_shapes) * element
-    return 2 * weights + sum(optimizer_state_bytes(s, levers.optimizer, element)
-                             for s in state_shapes)
+    return (2 * weights + sum(optimizer_state_bytes(s, levers.optimizer, element)
+                              for s in state_shapes)
+            + _gathered_bytes(table, levers))
 
 
 def plan(model, run=None, levers=None, device=None):
@@ -1073,17 +1093,7 @@ def plan(model, run=None, levers=None, device=None):
                  if run.accumulation > 1 and not grads_kept else first)
         peak_later, _, _ = synthesise(later, table.layers)
     copies = first.copies_other + table.layers * first.copies_per_layer
-    # FSDP2 gathers whole weights: every group's from forward to backward when it keeps
-    # them, else the group in use and the one prefetched (lesson 06)
-    gathered = 0
-    if fsdp:
-        gathered_element = 2 if levers.precision == "bfloat16-fsdp" else element
-        group_bytes = [sum(_shard_shape(s, n)[0] * math.prod(s[1:]) for s in g) * n
-                       * gathered_element for g in table.groups]
-        if levers.sharding == "fsdp":
-            gathered = sum(group_bytes)
-        else:
-            gathered = group_bytes[-1] + 2 * max(group_bytes[:-1])
+    gathered = _gathered_bytes(table, levers)
     base = weights + state
     phases = {}
     if fsdp:
@@ -1408,6 +1418,15 @@ PRECISION_RISK = {"float32": 0, "bfloat16": 0, "float16": 0, "bfloat16-pure": 1,
                   "bfloat16-fsdp": 0}
 
 
+def _search_candidates(model, run, levers, device):
+    """The combinations ``cheapest_fitting`` may plan: those whose state and gathered
+    weights alone fit (the others need no fake run to be ruled out)."""
+    table = parameter_table(load_config(model), run.attention)
+    for candidate in lever_combinations(levers):
+        if _state_bytes(table, candidate) + device.context_bytes <= device.memory_bytes:
+            yield candidate
+
+
 def cheapest_fitting(model, run, levers, device, count=5):
     """The ``count`` cheapest combinations that fit: fewest changes to the training's
     result first (optimizer, then bfloat16 end to end), then the shortest step
@@ -1415,10 +1434,7 @@ def cheapest_fitting(model, run, levers, device, count=5):
     fitting = []
     model = load_config(model)  # read once
     too_big = set()  # checkpointed combinations that do not fit
-    for candidate in lever_combinations(levers):
-        if state_bytes(model, run, candidate) + device.context_bytes > \
-                device.memory_bytes:
-            continue  # its weights, gradients and state alone do not fit: no fake run
+    for candidate in _search_candidates(model, run, levers, device):
         twin = dataclasses.replace(candidate, checkpointing=True)
         if not candidate.checkpointing and twin in too_big:
             # checkpointing keeps less than no checkpointing (each layer's input, and

@@ -109,6 +109,10 @@ def test_fsdp_frees_each_layers_whole_gradients_after_its_backward():
     whole_gradients = 2 * result.parameters
     held = sum(result.parts[k] for k in ("weights", "gradients", "optimizer state"))
     assert result.peak_bytes - held < 0.2 * whole_gradients
+    # the formulas' lower bound, by which cheapest_fitting rules out a combination
+    # without a fake run: the state and FSDP2's gathered weights, below the peak
+    bound = planner.state_bytes("llama-3.1-70b", result.run, result.levers)
+    assert held < bound <= result.peak_bytes
 
 
 def test_a_plan_read_back_from_the_disk_cache_is_the_same(tmp_path, monkeypatch):
