@@ -723,6 +723,25 @@ def _selective_op_context():
     return create_selective_checkpoint_contexts(policy)
 
 
+def _cuda_rules_in_recompute(context_fn=None):
+    """A checkpoint ``context_fn``: ``context_fn``'s contexts (none if None), with
+    ``CudaAutocastRules`` around the recomputation too. Backward runs with torch
+    function modes off, so without it a plan for a GPU recomputed GPT-2's GELU (its
+    ``torch.pow``) in bfloat16 where forward had run it in float32, and checkpointing
+    stopped on the mismatch (``CheckpointError``)."""
+    def contexts():
+        forward, recompute = (context_fn() if context_fn is not None
+                              else (contextlib.nullcontext(), contextlib.nullcontext()))
+        return forward, _both(recompute, CudaAutocastRules())
+    return contexts
+
+
+@contextlib.contextmanager
+def _both(first, second):
+    with first, second:
+        yield
+
+
 def prepare_model(model, levers, device_type, cast=True, reentrant=False):
     """The levers a model object carries: dtype for bfloat16 end to end (``cast``),
     checkpointing, train mode."""
@@ -735,11 +754,16 @@ def prepare_model(model, levers, device_type, cast=True, reentrant=False):
         enable = getattr(model, "activation_checkpointing_enable", None)
         kwargs = {"use_reentrant": reentrant,
                   "preserve_rng_state": device_type == "cpu"}
+        context_fn = None
         if levers.checkpointing_policy == "selective-op":
             if reentrant:
                 raise ValueError("selective checkpointing needs the non-reentrant "
                                  "implementation")
-            kwargs["context_fn"] = _selective_op_context
+            context_fn = _selective_op_context
+        if device_type == "cuda" and not reentrant:
+            context_fn = _cuda_rules_in_recompute(context_fn)
+        if context_fn is not None:
+            kwargs["context_fn"] = context_fn
         if enable is not None:
             enable(activation_checkpointing_kwargs=kwargs)
         else:

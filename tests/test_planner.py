@@ -282,3 +282,14 @@ def test_selective_checkpointing_keeps_more_than_every_op_and_less_than_none():
             for checkpointing, policy in ((True, "every-op"), (True, "selective-op"),
                                           (False, "every-op"))}
     assert kept[True, "every-op"] < kept[True, "selective-op"] < kept[False, "every-op"]
+
+
+def test_a_gpu_plan_recomputes_under_cudas_autocast_rules_as_forward_ran():
+    # GPT-2's GELU calls torch.pow, which CUDA's autocast runs in float32: before the
+    # rules went into checkpointing's recomputation too, this plan raised
+    # CheckpointError (float32 saved, bfloat16 recomputed)
+    run = planner.Run(2, 16)
+    kept = {checkpointing: planner.plan("gpt2-tiny", run, planner.Levers(
+                checkpointing=checkpointing, precision="bfloat16")).parts["activations"]
+            for checkpointing in (True, False)}
+    assert 0 < kept[True] < kept[False]
