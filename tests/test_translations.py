@@ -465,7 +465,7 @@ NOT_YET_IN_THE_ID_SCHEME = {
     "05_mixed_precision", "05_mixed_precision_lab",
     *(f"practice/{stem}_{kind}" for stem in (
         "01_gradient_checkpointing", "02_trainer_and_accelerator", "03_local_sgd",
-        "04_adamw", "05_mixed_precision", "07_plan_a_run")
+        "04_adamw", "05_mixed_precision")
       for kind in ("practice", "solution")),
 }
 
