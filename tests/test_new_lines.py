@@ -345,9 +345,7 @@ def lesson_2_pair(texts):
 LESSON_5_LEAVES_OUT = {
     "with accelerator . accumulate ( model ) :",  # accumulation
     "if accelerator . sync_gradients :",  # clipping waits for accumulation
-    # checkpointing (lesson 02 passes its two options)
-    'model . activation_checkpointing_enable ( { "use_reentrant" : False , '
-    '"preserve_rng_state" : False } )',
+    "model . activation_checkpointing_enable ( )",  # checkpointing
 }
 
 
