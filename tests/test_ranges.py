@@ -332,8 +332,7 @@ def test_a_bad_declaration_gets_a_clear_error(summary, message):
 
 # Lessons whose summary still spells each name in measured, EXPECTED and the table's
 # findings (issue 47); their owners convert them to one SUMMARY and take them off.
-NOT_YET_DECLARED_ONCE = {"02_trainer_and_accelerator", "02_trainer_and_accelerator_lab",
-                         "05_mixed_precision", "05_mixed_precision_lab"}
+NOT_YET_DECLARED_ONCE = {"02_trainer_and_accelerator", "02_trainer_and_accelerator_lab"}
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=[lesson.stem for lesson in LESSONS])
