@@ -330,15 +330,8 @@ def test_a_bad_declaration_gets_a_clear_error(summary, message):
         summary_table({"a": 1}, {})
 
 
-# Lessons whose summary still spells each name in measured, EXPECTED and the table's
-# findings (issue 47); their owners convert them to one SUMMARY and take them off.
-NOT_YET_DECLARED_ONCE = {"02_trainer_and_accelerator", "02_trainer_and_accelerator_lab"}
-
-
 @pytest.mark.parametrize("lesson", LESSONS, ids=[lesson.stem for lesson in LESSONS])
 def test_a_lesson_declares_each_measured_value_once(lesson):
-    if lesson.stem in NOT_YET_DECLARED_ONCE:
-        pytest.skip("not yet converted to one SUMMARY (issue 47)")
     code = "\n".join(cell.source for cell in nbformat.read(lesson, as_version=4).cells
                      if cell.cell_type == "code")
     if "print_measured(" not in code:

@@ -458,17 +458,6 @@ def test_the_tool_runs_from_the_command_line():
                          r"\d+ untranslated", result.stdout, re.M), result.stdout
 
 
-# Notebooks whose cells still carry an older id scheme (issue 47): their owners rename
-# them, and their catalogs' msgctxt with them, then take them off this list.
-NOT_YET_IN_THE_ID_SCHEME = {
-    "02_trainer_and_accelerator", "02_trainer_and_accelerator_lab",
-    *(f"practice/{stem}_{kind}" for stem in (
-        "01_gradient_checkpointing", "02_trainer_and_accelerator", "03_local_sgd",
-        "04_adamw", "05_mixed_precision")
-      for kind in ("practice", "solution")),
-}
-
-
 def id_prefix(notebook):
     """The prefix every cell id of ``notebook`` starts with: ``l01-``, ``l01lab-``,
     ``p01-`` (locales/README.md)."""
@@ -482,8 +471,6 @@ def id_prefix(notebook):
     "notebook", translations.english_notebooks(),
     ids=[translations.relative_notebook(nb) for nb in translations.english_notebooks()])
 def test_every_cell_id_follows_the_one_scheme_translators_read(notebook):
-    if translations.relative_notebook(notebook) in NOT_YET_IN_THE_ID_SCHEME:
-        pytest.skip("not yet renamed (issue 47): see NOT_YET_IN_THE_ID_SCHEME")
     prefix = id_prefix(notebook)
     wrong = [cell["id"] for cell in json.loads(notebook.read_text("utf-8"))["cells"]
              if not re.fullmatch(re.escape(prefix) + r"[a-z0-9]+(-[a-z0-9]+)*",
@@ -491,9 +478,3 @@ def test_every_cell_id_follows_the_one_scheme_translators_read(notebook):
     assert not wrong, (f"{notebook.name}: cell ids {wrong[:5]} do not start with "
                        f"{prefix!r} (locales/README.md); rename them and their "
                        "catalogs' msgctxt")
-
-
-def test_the_ids_not_yet_in_the_scheme_are_notebooks_that_exist():
-    known = {translations.relative_notebook(nb)
-             for nb in translations.english_notebooks()}
-    assert NOT_YET_IN_THE_ID_SCHEME <= known, NOT_YET_IN_THE_ID_SCHEME - known
