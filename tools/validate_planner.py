@@ -673,8 +673,9 @@ def main(argv=None):
                                              "validation.json"))
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--published-only", action="store_true",
-                        help="only the published runs, written to "
-                             "data/planner/published.json")
+                        help="only the published runs, written to --published-out")
+    parser.add_argument("--published-out", default=str(ROOT / "data" / "planner" /
+                                                       "published.json"))
     parser.add_argument("--update-validation", action="store_true",
                         help="with --published-only: also replace the published "
                              "rows of --out (the live rows left as they are)")
@@ -682,7 +683,9 @@ def main(argv=None):
     if args.published_only:
         anchors = published()
         _print_published(anchors)
-        target = ROOT / "data" / "planner" / "published.json"
+        if args.no_write:
+            return 0
+        target = Path(args.published_out)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps({"environment": environment(),
                                       "context_mib": V100_CONTEXT_MIB,
