@@ -229,6 +229,55 @@ def test_every_declared_range_fails_the_suite_for_a_value_outside_it(
         assert sanitize(measured_line(name, value, bounds)) not in stored_lines
 
 
+def machine_chosen_ranges(lesson):
+    """{summary name: the ranges a lesson may print for it}: a range assigned to a name
+    with a choice the machine makes (lesson 05's ``SPEED_RANGE``, ``MATMUL_RANGE``, by
+    its bfloat16 kernel), every literal range in that choice. A choice by
+    ``device.type`` is left out: the tests run on the CPU."""
+    choices, uses = {}, {}
+    for cell in nbformat.read(lesson, as_version=4).cells:
+        if cell.cell_type != "code" or "_RANGE" not in cell.source:
+            continue
+        for node in ast.walk(ast.parse(cell.source)):
+            if not isinstance(node, ast.Assign):
+                continue
+            names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            if (names and names[0].endswith("_RANGE")
+                    and not isinstance(node.value, ast.Tuple)
+                    and "device.type" not in ast.unparse(node.value)):
+                choices[names[0]] = [
+                    ast.literal_eval(t) for t in ast.walk(node.value)
+                    if isinstance(t, ast.Tuple) and len(t.elts) == 2]
+            if names == ["SUMMARY"] and isinstance(node.value, ast.Dict):
+                for key, value in zip(node.value.keys, node.value.values):
+                    if isinstance(value, ast.Tuple) and isinstance(value.elts[1],
+                                                                   ast.Name):
+                        uses[ast.literal_eval(key)] = value.elts[1].id
+    return {name: choices[range_name] for name, range_name in uses.items()
+            if range_name in choices}
+
+
+CHOSEN = [(lesson, name, ranges) for lesson in LESSONS
+          for name, ranges in machine_chosen_ranges(lesson).items()]
+
+
+def test_lesson_05_chooses_its_speed_ranges_by_the_machine():
+    names = {name for _, name, _ in CHOSEN}
+    assert {"bf16_step_time_ratio", "bf16_large_matmul_time_ratio"} <= names, CHOSEN
+
+
+@pytest.mark.parametrize("lesson, name, ranges", CHOSEN,
+                         ids=[f"{lesson.stem}-{name}" for lesson, name, _ in CHOSEN])
+def test_a_range_the_machine_chooses_prints_the_same_on_every_machine(
+    lesson, name, ranges
+):
+    # the stored line came from one machine's kernel; nbval on another compares it:
+    # the sanitizer must hide which range was printed, and keep the verdict
+    lines = {sanitize(measured_line(name, high if low is None else low, (low, high)))
+             for low, high in ranges}
+    assert len(ranges) >= 2 and len(lines) == 1, (ranges, lines)
+
+
 def test_the_summary_table_gives_each_value_its_meaning_and_no_verdict():
     from helpers.ranges import summary_table
 
