@@ -16,5 +16,5 @@ MICRO_BATCH_SIZE = 16  # examples in one forward + backward
 TRAINER_ACCUMULATION = 4
 # Lesson 02's Accelerator loop (the slide's): micro-batches per optimizer step
 ACCELERATOR_ACCUMULATION = 2
-EPOCHS = 3  # lesson 02's full runs, with Trainer and with Accelerator
+EPOCHS = 3  # lesson 02's full runs (Trainer, Accelerator) and lab 05's three
 SEED = 0  # the tiny model's initial weights and the order of its batches
