@@ -167,6 +167,14 @@ def test_nbval_passes_another_value_in_range_and_fails_one_outside(tmp_path):
     assert outcomes == expected, output[-2000:]
 
 
+def parsed_code_cells(lesson, words):
+    """(cell, its parsed source) for each code cell of ``lesson`` that mentions one of
+    ``words``: the others may hold IPython magics, which are not Python."""
+    for cell in nbformat.read(lesson, as_version=4).cells:
+        if cell.cell_type == "code" and any(word in cell.source for word in words):
+            yield cell, ast.parse(cell.source)
+
+
 def declared_ranges(lesson):
     """The ranges a lesson declares, in its ``SUMMARY = {name: (value, range, row)}``
     or an older ``EXPECTED = {name: range}`` (in whichever cell declares it), and its
@@ -176,12 +184,9 @@ def declared_ranges(lesson):
     machine's kernels and hidden by its own sanitizer), is left out here.
     """
     expected, output = {}, ""
-    for cell in nbformat.read(lesson, as_version=4).cells:
-        if (cell.cell_type != "code"
-            or not any(word in cell.source
-                       for word in ("EXPECTED", "SUMMARY", "print_measured("))):
-            continue  # the others may hold IPython magics, which are not Python
-        for node in ast.walk(ast.parse(cell.source)):
+    for cell, tree in parsed_code_cells(lesson, ("EXPECTED", "SUMMARY",
+                                                 "print_measured(")):
+        for node in ast.walk(tree):
             if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)):
                 continue
             target = [t.id for t in node.targets if isinstance(t, ast.Name)]
@@ -235,10 +240,8 @@ def machine_chosen_ranges(lesson):
     its bfloat16 kernel), every literal range in that choice. A choice by
     ``device.type`` is left out: the tests run on the CPU."""
     choices, uses = {}, {}
-    for cell in nbformat.read(lesson, as_version=4).cells:
-        if cell.cell_type != "code" or "_RANGE" not in cell.source:
-            continue
-        for node in ast.walk(ast.parse(cell.source)):
+    for _, tree in parsed_code_cells(lesson, ("_RANGE",)):
+        for node in ast.walk(tree):
             if not isinstance(node, ast.Assign):
                 continue
             names = [t.id for t in node.targets if isinstance(t, ast.Name)]
