@@ -15,7 +15,7 @@ import tempfile
 import pytest
 
 from helpers.language import LANGUAGES
-from helpers.timing_lock import LOCK_ENV, held
+from helpers.timing_lock import LOCK_ENV, TIMING, held
 
 # The Hindi and Turkish notebooks (`make translations`) run the English notebooks' code
 # byte for byte, as tests/test_translations.py proves: nbval runs the English ones only.
@@ -32,12 +32,13 @@ if _WORKER.startswith("gw"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
     # A step timed in one worker waits for the launches of several processes in the
-    # other to end, and they for it (helpers/timing_lock.py): both name this file.
+    # other to end, and they for it (helpers/timing_lock.py): both name this path.
     os.environ.setdefault(LOCK_ENV, os.path.join(tempfile.gettempdir(),
                                                  "efficient-training-timing.lock"))
 
-# A notebook cell that times steps (helpers/timing.py) runs alone: the other worker's
-# launches wait for it to end (its own cells run on, one thread on the other core).
+# A notebook cell that times steps (helpers/timing.py) holds the lock as a timing: the
+# other worker's launches wait for it to end (its own cells, timings included, run on,
+# one thread on the other core).
 TIMED_CELL = re.compile(
     r"\b(?:median_seconds|interleaved_seconds|interleaved_median_seconds)\(")
 
@@ -46,5 +47,5 @@ TIMED_CELL = re.compile(
 def pytest_runtest_call(item):
     source = getattr(getattr(item, "cell", None), "source", "")  # nbval's cells only
     timed = TIMED_CELL.search(source)
-    with held(exclusive=True) if timed else contextlib.nullcontext():
+    with held(TIMING) if timed else contextlib.nullcontext():
         yield

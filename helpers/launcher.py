@@ -77,7 +77,7 @@ from helpers.launcher_ports import (  # noqa: F401
     require_loopback,
 )
 from helpers.launcher_watchdog import NOTICE_S, Watchdog, innermost_frame  # noqa: F401
-from helpers.timing_lock import held
+from helpers.timing_lock import LAUNCH, held
 
 # far above what any launch of the course takes, so that only a hang reaches it
 LAUNCH_TIMEOUT_S = 300
@@ -126,7 +126,7 @@ def run_in_processes(worker, worker_args=(), num_processes=2, port=None,
         try:
             # under `make test`, no lesson times a step in the other worker meanwhile
             with _environment(COLLECTIVE_TIMEOUT_ENV, str(collective_timeout_s)), \
-                    held(exclusive=False):
+                    held(LAUNCH):
                 return _launch(worker, worker_args, num_processes, port, timeout_s)
         except torch.distributed.DistNetworkError as error:
             if not is_port_taken(error) or attempt == PORT_ATTEMPTS - 1:

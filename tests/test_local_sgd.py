@@ -10,7 +10,7 @@ from helpers.launcher import free_port
 from helpers.local_sgd import RunConfig, launch, train_worker, validate_local_sgd_steps
 from helpers.models import build_model
 from helpers.paths import REPO_ROOT
-from helpers.timing_lock import held
+from helpers.timing_lock import LAUNCH, held
 
 STEPS = 8
 
@@ -173,7 +173,7 @@ def script_launches(tmp_path_factory):
     """
     folders = {flag: tmp_path_factory.mktemp(flag.strip("-"))
                for flag in ("--multi_gpu", "--cpu")}
-    with held(exclusive=False):  # no lesson times a step in the other worker meanwhile
+    with held(LAUNCH):  # no lesson times a step in the other worker meanwhile
         processes = {
             flag: accelerate_launch([flag], folder) for flag, folder in folders.items()
         }
