@@ -124,7 +124,8 @@ def course_map_figure(lessons):
     ax.set_ylim(-0.6, 2 * row_height + 0.6)
     ax.axis("off")
     fig.subplots_adjust(left=0.01, right=0.99, bottom=0.01, top=0.9)
-    fig.suptitle("The course map: each lesson pulls one lever", fontsize=14)
+    fig.suptitle("The course map: one lever a lesson, then a plan with all three",
+                 fontsize=14)
     return fig
 
 

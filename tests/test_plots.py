@@ -96,7 +96,8 @@ GOOD = {
     "course_map_figure": (dict(lessons=COURSE_MAP), 1,
                           ["01\nCheckpointing", "03\nLocal SGD",
                            "Communication\nefficiency",
-                           "The course map: each lesson pulls one lever"]),
+                           "The course map: one lever a lesson, "
+                           "then a plan with all three"]),
     "recompute_graph_figure": (dict(statuses_by_mode=STATUSES, labels={"A": "A\nsin"}),
                                3, [*STATUSES, "A\nsin", "recomputed"]),
     "memory_time_tradeoff_figure": (
