@@ -21,6 +21,15 @@ start = time.perf_counter()
 with held(sys.argv[1]):
     print(f"{time.perf_counter() - start:.2f}")
 """
+# Another process asks for the lock, holds it 0.3 s and prints when it held it.
+HOLD_A_WHILE = """
+import sys, time
+from helpers.timing_lock import held
+with held(sys.argv[1]):
+    print(f"{time.time():.3f}")
+    time.sleep(0.3)
+    print(f"{time.time():.3f}")
+"""
 HOLD_S = 1.0
 
 
@@ -63,18 +72,14 @@ def test_two_timings_run_side_by_side(lock_file):
 
 def test_a_timing_and_a_launch_that_ask_at_once_take_turns(lock_file):
     # each asker holds its own kind while it checks for the other: never both at once
-    script = ASK.replace('print(f"{time.perf_counter() - start:.2f}")',
-                         'print(f"{time.time():.3f}"); time.sleep(0.3); '
-                         'print(f"{time.time():.3f}")')
     environment = {k: v for k, v in os.environ.items() if k != HELD_ENV}
     for _ in range(2):
-        askers = [subprocess.Popen([sys.executable, "-c", script, kind],
+        askers = [subprocess.Popen([sys.executable, "-c", HOLD_A_WHILE, kind],
                                    env=environment, stdout=subprocess.PIPE, text=True)
                   for kind in (TIMING, LAUNCH)]
         (start_a, end_a), (start_b, end_b) = (
             map(float, asker.communicate(timeout=60)[0].split()) for asker in askers)
         assert end_a <= start_b or end_b <= start_a, "a timing ran beside a launch"
-
 
 
 def test_a_launched_worker_that_times_a_step_does_not_wait_for_its_launch(lock_file):
